@@ -1,0 +1,67 @@
+"""Config loading, overrides and validation errors."""
+
+import pytest
+
+from torchboost.config import Config, list_recipes, load_config, parse_override
+from torchboost.errors import ConfigError
+
+
+def test_shipped_recipes_load_and_validate():
+    names = list_recipes()
+    assert {"mnist-lenet", "digits-lenet", "resnet50-imagenet-sgd"} <= set(names)
+    for name in names:
+        cfg = load_config(name, ["data.path=/tmp/x"])
+        assert cfg.name == name
+
+
+def test_overrides_are_typed_yaml():
+    cfg = load_config("mnist-lenet", ["train.epochs=3", "optim.lr=0.1", "schedule.milestones=[1, 2.5]",
+                                      "train.clip_global_norm=null"])
+    assert cfg.train.epochs == 3 and cfg.optim.lr == 0.1
+    assert cfg.schedule.milestones == [1.0, 2.5] and cfg.train.clip_global_norm is None
+    assert parse_override("a.b=[1,2]") == (["a", "b"], [1, 2])
+
+
+def test_int_is_accepted_for_float():
+    assert load_config(None, ["optim.lr=1"]).optim.lr == 1.0
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.epoch=3", "did you mean 'train.epochs'"),
+    ("optim.learning_rate=3", "unknown config key 'optim.learning_rate'"),
+    ("trian.epochs=3", "did you mean 'train'"),
+    ("train.epochs=abc", "train.epochs must be int"),
+    ("train.epochs=true", "train.epochs must be int"),
+    ("train.epochs=0", "train.epochs must be >= 1"),
+    ("schedule.mode=cosin", "did you mean 'cosine'"),
+    ("data.dataset=folder", "needs a data path"),
+    ("train.amp_level=O4", "is not one of O0, O1, O2, O3"),
+    ("noequals", "is not key=value"),
+])
+def test_bad_config_is_one_clear_line(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_recipe_suggests(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'mnist-lenet'"):
+        load_config("mnist-lenat")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {epochs: [}\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("train:\n  ema: {decay: 0.99, decy: 1}\n")
+    with pytest.raises(ConfigError, match="train.ema.decy.*train.ema.decay"):
+        load_config(str(nested))
+
+
+def test_to_dict_round_trip():
+    from torchboost.config import _merge
+
+    cfg = load_config("resnet50-imagenet-sgd", ["data.path=/x"])
+    again = Config()
+    _merge(again, cfg.to_dict())
+    assert again == cfg

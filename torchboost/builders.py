@@ -1,0 +1,94 @@
+"""Config -> objects: model, loss, optimizer, lr schedule, loss scaling, EMA. No training logic here."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import Config
+from .errors import ConfigError
+from .losses import CrossEntropySmooth
+from .models import create_model
+from .optim.groups import param_groups
+from .optim.schedules import build_lr_schedule
+from .train.ema import ModelEMA
+from .train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
+
+
+def build_model(cfg: Config) -> nn.Module:
+    m = cfg.model
+    kw = {}
+    if m.name.startswith("resnet"):
+        kw = {"zero_init_last_bn": m.zero_init_last_bn, "init": m.init, "small_input": m.small_input}
+    elif m.name == "mnist_cnn":
+        kw = {"image_size": cfg.data.image_size}
+    return create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
+
+
+def build_loss(cfg: Config) -> nn.Module:
+    return CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=cfg.train.label_smoothing,
+                              num_classes=cfg.model.num_classes)
+
+
+def effective_lr(cfg: Config, world_size: int) -> float:
+    """`optim.lr`, scaled linearly when it is given per `optim.lr_reference_batch` images (0.256 per 256)."""
+    if cfg.optim.lr_reference_batch is None:
+        return cfg.optim.lr
+    global_batch = cfg.data.batch_size * world_size * cfg.train.accumulation_steps
+    return cfg.optim.lr * global_batch / cfg.optim.lr_reference_batch
+
+
+def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if o.name == "sgd":
+        groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias)
+        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, foreach=True)
+    if o.name == "adamw":
+        return torch.optim.AdamW(param_groups(model, o.weight_decay, o.decay_bn_and_bias), lr=lr, foreach=True)
+    if o.name == "thor":
+        from .optim.thor import THOR
+
+        try:
+            return THOR(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, **o.thor)
+        except TypeError as e:
+            raise ConfigError(f"bad optim.thor option ({e})", "see `help(torchboost.optim.THOR)` for valid keys") from None
+    raise ConfigError(f"unknown optimizer '{o.name}'", "use sgd, adamw or thor")
+
+
+def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:
+    s = cfg.schedule
+    total = steps_per_epoch * cfg.train.epochs
+    if s.mode == "thor":
+        from .optim.thor_schedules import get_thor_lr
+
+        return np.asarray(get_thor_lr(0, lr, s.lr_decay, s.lr_end_epoch, steps_per_epoch, s.decay_epochs),
+                          dtype=np.float64)[:total]
+    return build_lr_schedule(s.mode, lr, total, steps_per_epoch, warmup_epochs=s.warmup_epochs,
+                             lr_init=s.lr_init, lr_end=s.lr_end, milestones=s.milestones, gamma=s.gamma,
+                             power=s.power)
+
+
+def build_loss_scale(cfg: Config, device: torch.device) -> LossScaleManager | None:
+    t = cfg.train
+    if t.loss_scale == "fixed":
+        return FixedLossScaleManager(t.loss_scale_value, t.drop_overflow_update, device=device.type)
+    if t.loss_scale == "dynamic":
+        return DynamicLossScaleManager(init_loss_scale=t.loss_scale_value, device=device.type)
+    return None
+
+
+def build_ema(cfg: Config, model: nn.Module) -> ModelEMA | None:
+    e = cfg.train.ema
+    if not e.enabled:
+        return None
+    return ModelEMA(model, e.decay, e.warmup, e.warmup_gamma, e.warmup_power, e.buffers)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available", "use --set train.device=cpu (or auto)")
+    return dev

@@ -1,0 +1,143 @@
+"""`torchboost` command line: argument parsing and dispatch only (the work is in the library)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Callable, Optional, Sequence
+
+from .errors import TorchboostError
+
+DEFAULT_RECIPE = "mnist-lenet"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .train.runner import train_from_config
+
+    overrides = list(args.set or [])
+    if args.data:
+        overrides.append(f"data.path={args.data}")
+    cfg = load_config(args.config, overrides)
+    result = train_from_config(cfg, resume=args.resume, output=args.output)
+    acc = result.eval_results.get("val_top_1_accuracy")
+    if acc is not None:
+        print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .train.runner import evaluate_checkpoint
+
+    res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema)
+    print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from .train.runner import predict_images
+
+    for path, preds in zip(args.images, predict_images(args.checkpoint, args.images, args.topk)):
+        print(f"{path}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
+    return 0
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from .config import list_recipes, resolve_recipe
+
+    if args.action == "show":
+        if not args.name:
+            raise TorchboostError("`torchboost recipes show` needs a recipe name", "run `torchboost recipes` to list them")
+        print(resolve_recipe(args.name).read_text(), end="")
+    else:
+        for name in list_recipes():
+            print(name)
+    return 0
+
+
+def _cmd_export_folder(args: argparse.Namespace) -> int:
+    from .data.export import export_folder
+
+    out = export_folder(args.dataset, args.out)
+    print(f"wrote {args.dataset} as an image folder under {out}")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .migrate.convert import convert
+
+    report = convert(args.input, args.output, arch=args.arch, num_classes=args.num_classes,
+                     drop_background=args.drop_background)
+    print(report if isinstance(report, str) else getattr(report, "summary", lambda: str(report))())
+    print(f"wrote {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command")
+
+    t = sub.add_parser("train", help="train from a recipe (default: mnist-lenet on built-in MNIST)")
+    t.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="recipe name or YAML path")
+    t.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    t.add_argument("--data", help="data folder/file (sets data.path)")
+    t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
+    t.add_argument("--resume", help="checkpoint to continue from")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint (top-1/top-5/loss)")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--data", help="data folder (default: the run's own data)")
+    e.add_argument("--split", default="test", help="split to evaluate (test/val)")
+    e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    e.set_defaults(func=_cmd_eval)
+
+    pr = sub.add_parser("predict", help="top-k classes of image files")
+    pr.add_argument("--checkpoint", required=True)
+    pr.add_argument("--topk", type=int, default=5)
+    pr.add_argument("images", nargs="+")
+    pr.set_defaults(func=_cmd_predict)
+
+    r = sub.add_parser("recipes", help="list shipped recipes or show one")
+    r.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    r.add_argument("name", nargs="?")
+    r.set_defaults(func=_cmd_recipes)
+
+    x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder")
+    x.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "digits"])
+    x.add_argument("--out", required=True)
+    x.set_defaults(func=_cmd_export_folder)
+
+    c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, torch .pt/.pth and .safetensors")
+    c.add_argument("input")
+    c.add_argument("output")
+    c.add_argument("--arch", help="resnet18/34/50/101/152 (enables name mapping)")
+    c.add_argument("--num-classes", type=int)
+    c.add_argument("--drop-background", action="store_true", help="1001 -> 1000 classes (drop MindSpore's class 0)")
+    c.set_defaults(func=_cmd_convert)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # `torchboost` alone = the main job
+        args = parser.parse_args([*(["--debug"] if args.debug else []), "train"])
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except TorchboostError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the last checkpoint is intact; continue with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

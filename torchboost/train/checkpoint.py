@@ -1,0 +1,127 @@
+"""Checkpoints: atomic writes, newest-N retention, safe loading, exact RNG capture.
+
+A checkpoint is a dict of tensors and plain values only, so `torch.load(weights_only=True)` can read it
+and nothing in it can run code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+
+_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+
+
+def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
+    """MindSpore's naming: `{prefix}-{epoch}_{step}.ckpt` (epoch 1-based, step within the epoch)."""
+    return f"{prefix}-{epoch}_{step}.ckpt"
+
+
+def atomic_save(obj: Any, path: str | Path) -> Path:
+    """Write to a temp file in the same folder, fsync, then os.replace: a crash leaves old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load with weights_only=True (no unpickling of arbitrary objects)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found", "check the path (checkpoints are in OUTPUT/ckpt)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises several types for corrupt/unsafe files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path} ({first[:160]})",
+                              "the file is corrupt or not a torchboost checkpoint; use an earlier one") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} does not hold a dict of tensors", "pass a torchboost checkpoint or state dict")
+    return state
+
+
+def list_checkpoints(directory: str | Path, prefix: str) -> list[Path]:
+    """This prefix's checkpoints, oldest first (by epoch, then step)."""
+    found = []
+    for p in Path(directory).glob(f"{prefix}-*.ckpt"):
+        m = _NAME.match(p.name)
+        if m and m["prefix"] == prefix:
+            found.append((int(m["epoch"]), int(m["step"]), p))
+    return [p for _, _, p in sorted(found)]
+
+
+def prune_checkpoints(directory: str | Path, prefix: str, keep: int) -> list[Path]:
+    """Delete all but the newest `keep`; returns what was deleted."""
+    ckpts = list_checkpoints(directory, prefix)
+    doomed = ckpts[: max(len(ckpts) - keep, 0)] if keep > 0 else []
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    return doomed
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch RNG states as tensors/plain values (loadable with weights_only)."""
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") -> None:
+    """Strict load that names the first mismatching tensor instead of torch's wall of text."""
+    own = model.state_dict()
+    for name, tensor in own.items():
+        if name not in state:
+            raise CheckpointError(f"{source} has no tensor '{name}' (model expects {len(own)} tensors, "
+                                  f"{source} has {len(state)})", "it was saved for another architecture; "
+                                  "check model.name / model.num_classes or convert it with `torchboost convert`")
+        if state[name].shape != tensor.shape:
+            raise CheckpointError(f"{source} tensor '{name}' has shape {tuple(state[name].shape)}, model expects "
+                                  f"{tuple(tensor.shape)}", "check model.name / model.num_classes match the checkpoint")
+    extra = [k for k in state if k not in own]
+    if extra:
+        raise CheckpointError(f"{source} has unexpected tensor '{extra[0]}' ({len(extra)} extra)",
+                              "it was saved for another architecture; check model.name")
+    model.load_state_dict(state)

@@ -1,0 +1,58 @@
+"""Exponential moving average of the weights (timm's ModelEmaV2 idea: a shadow copy of the module)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class ModelEMA:
+    """e <- d*e + (1-d)*w after each real optimizer update.
+
+    warmup: "timm" d_t = min(d, 1 - (1 + t/gamma)^-power); "nvidia" d_t = min(d, (1+t)/(10+t)); None: d.
+    buffers (BN running stats): "copy" takes the live model's, "average" averages them like weights.
+    The shadow is a full module (`.module`) so it can be evaluated, saved and exported as is.
+    """
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: str | None = "timm",
+                 warmup_gamma: float = 1.0, warmup_power: float = 2 / 3, buffers: str = "copy") -> None:
+        if warmup not in (None, "none", "timm", "nvidia"):
+            raise ValueError(f"unknown EMA warmup {warmup!r}: use timm, nvidia or none")
+        if buffers not in ("copy", "average"):
+            raise ValueError(f"unknown EMA buffers mode {buffers!r}: use copy or average")
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.decay, self.warmup = decay, None if warmup == "none" else warmup
+        self.warmup_gamma, self.warmup_power, self.buffers = warmup_gamma, warmup_power, buffers
+        self.updates = 0
+
+    def current_decay(self) -> float:
+        t = self.updates
+        if self.warmup == "timm":
+            return min(self.decay, 1 - (1 + t / self.warmup_gamma) ** -self.warmup_power)
+        if self.warmup == "nvidia":
+            return min(self.decay, (1 + t) / (10 + t))
+        return self.decay
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        d = self.current_decay()
+        self.updates += 1
+        ema_p = [p for p in self.module.parameters()]
+        live_p = [p.detach() for p in model.parameters()]
+        torch._foreach_lerp_(ema_p, live_p, 1.0 - d)  # e + (1-d)(w - e) == d*e + (1-d)*w, one fused op
+        for e, b in zip(self.module.buffers(), model.buffers()):
+            if self.buffers == "average" and e.dtype.is_floating_point:
+                e.lerp_(b, 1.0 - d)
+            else:
+                e.copy_(b)
+
+    def state_dict(self) -> dict:
+        return {"module": self.module.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["module"])
+        self.updates = int(state["updates"])

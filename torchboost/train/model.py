@@ -1,0 +1,255 @@
+"""`Model(network, loss_fn, optimizer, metrics).train/eval/predict` — MindSpore's high-level API on torch.
+
+The epoch loop lives here; everything about one update lives in `TrainStep` (override that, not this).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError
+from .callbacks import Callback, TrainState, summarize_epoch
+from .checkpoint import load_checkpoint, load_model_state, rng_state, set_rng_state
+from .ema import ModelEMA
+from .hooks import StepHook
+from .loss_scale import DynamicLossScaleManager, LossScaleManager
+from .metrics import METRIC_NAMES, MetricAccumulator
+from .step import TrainStep
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3")
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] = None) -> torch.dtype:
+    """bf16 on CPU; on CUDA bf16 where the GPU supports it, else fp16 (which then needs loss scaling)."""
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested in ("bfloat16", "float16"):
+        return getattr(torch, requested)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+class Model:
+    """High-level train/eval/predict around a network.
+
+    amp_level (MindSpore's): O0 fp32; O1 and O2 autocast (O2 adds dynamic loss scaling when the low
+    precision is fp16, as MindSpore does); O3 casts the whole network to the low precision.
+    """
+
+    def __init__(self, network: nn.Module, loss_fn: Optional[nn.Module] = None,
+                 optimizer: Optional[torch.optim.Optimizer] = None,
+                 metrics: Optional[Iterable[str]] = None, amp_level: str = "O0",
+                 loss_scale_manager: Optional[LossScaleManager] = None, *,
+                 device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
+                 lr_schedule: Optional[np.ndarray] = None, clip_global_norm: Optional[float] = None,
+                 clip_value: Optional[float] = None, accumulation_steps: int = 1,
+                 ema: Optional[ModelEMA] = None, hooks: Sequence[StepHook] = (), channels_last: bool = False,
+                 per_batch_accuracy: bool = False, step_cls: type[TrainStep] = TrainStep) -> None:
+        if amp_level not in AMP_LEVELS:
+            raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
+        if accumulation_steps < 1:
+            raise ConfigError(f"accumulation_steps must be >= 1, got {accumulation_steps}", "use 1 to disable")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.network = network.to(self.device)
+        self.module = getattr(network, "module", network)  # the bare model under a DDP wrapper
+        if channels_last:
+            self.network.to(memory_format=torch.channels_last)
+        self.loss_fn, self.optimizer = loss_fn, optimizer
+        self.metrics = tuple(metrics) if metrics is not None else METRIC_NAMES
+        MetricAccumulator(self.metrics)  # validates the names now rather than at the first evaluation
+        self.amp_level = amp_level
+        self.autocast_dtype = None if amp_level == "O0" else amp_dtype_for(self.device, amp_dtype)
+        if amp_level == "O3":
+            self.network.to(self.autocast_dtype)
+        if loss_scale_manager is None and amp_level == "O2" and self.autocast_dtype == torch.float16:
+            loss_scale_manager = DynamicLossScaleManager(device=self.device.type)
+        self.loss_scale_manager = loss_scale_manager
+        self.accumulation_steps = accumulation_steps
+        self.channels_last = channels_last
+        self.ema = ema
+        self.train_step: Optional[TrainStep] = None
+        if optimizer is not None and loss_fn is not None:
+            self.train_step = step_cls(
+                self.network, loss_fn, optimizer, device=self.device, autocast_dtype=self.autocast_dtype,
+                loss_scale=loss_scale_manager, clip_global_norm=clip_global_norm, clip_value=clip_value,
+                ema=ema, hooks=hooks, lr_schedule=lr_schedule, channels_last=channels_last,
+                compute_accuracy=per_batch_accuracy, ema_model=self.module)
+        self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)
+        self._resume: Optional[dict] = None
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def checkpoint_state(self, state: TrainState, epoch_complete: bool) -> dict:
+        """Everything needed to continue exactly: weights, optimizer, scaler, hooks, EMA, position, RNG."""
+        ckpt = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
+            "train_step": self.train_step.state_dict() if self.train_step is not None else {},
+            "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
+            "epoch_complete": epoch_complete, "rng": rng_state(),
+        }
+        if self.ema is not None:
+            ckpt["ema"] = self.ema.state_dict()
+        ckpt.update(self.extra_state)
+        return ckpt
+
+    def load_checkpoint(self, path: str | Path, weights_only_model: bool = False) -> dict:
+        """Restore a checkpoint written by ModelCheckpoint. With weights_only_model, restore weights only
+        (for eval/predict/fine-tuning); otherwise the next `train()` continues where the checkpoint stopped."""
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if "model" not in ckpt:
+            raise CheckpointError(f"{path} has no 'model' entry", "pass a checkpoint written by torchboost train")
+        load_model_state(self.module, ckpt["model"], source=str(path))
+        if weights_only_model:
+            return ckpt
+        if self.optimizer is not None and ckpt.get("optimizer"):
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.train_step is not None:
+            self.train_step.load_state_dict(ckpt.get("train_step", {}))
+        if self.ema is not None:
+            if "ema" not in ckpt:
+                raise CheckpointError(f"{path} has no EMA weights", "train without EMA or resume from a run that had it")
+            self.ema.load_state_dict(ckpt["ema"])
+        self._resume = ckpt
+        return ckpt
+
+    # --- training -------------------------------------------------------------------------------------
+    def train(self, epochs: int, train_data: Iterable, callbacks: Sequence[Callback] = (),
+              eval_data: Optional[Iterable] = None, eval_every: int = 1) -> TrainState:
+        """Train for `epochs` epochs in total (a resumed run counts the epochs already done)."""
+        if self.train_step is None:
+            raise ConfigError("Model.train needs a loss_fn and an optimizer", "pass them to Model(...)")
+        k = self.accumulation_steps
+        steps_per_epoch = math.ceil(len(train_data) / k)
+        state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch)
+        state.batch_size = getattr(train_data, "batch_size", 0) or 0
+        start_epoch, skip_batches = self._resume_position(state)
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            cb.on_train_begin(state)
+
+        for epoch in range(start_epoch, epochs):
+            state.epoch = epoch
+            state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = 0.0, 0, 0
+            sampler = getattr(train_data, "sampler", None)
+            if hasattr(sampler, "set_epoch"):  # reshuffle per epoch; skip what a resumed run already consumed
+                sampler.set_epoch(epoch, skip=skip_batches * (state.batch_size or 1))
+            for cb in callbacks:
+                cb.on_train_epoch_begin(state)
+            self.network.train()
+            t_epoch = time.perf_counter()
+            batches = iter(train_data)
+            while True:
+                t0 = time.perf_counter()
+                window = list(itertools.islice(batches, k))
+                if not window:
+                    break
+                t_data = time.perf_counter()
+                out = self.train_step(window, state.global_step)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # honest step times: wait for the GPU's queue
+                state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
+                state.step_in_epoch += 1
+                state.global_step += 1
+                state.epoch_loss_sum = state.epoch_loss_sum + out.loss * out.samples
+                state.epoch_samples += out.samples
+                if out.correct is not None:
+                    state.epoch_correct = state.epoch_correct + out.correct
+                for cb in callbacks:
+                    cb.on_train_step_end(state)
+                if state.stop_training:
+                    break
+            state.eval_results = {"train_time_s": time.perf_counter() - t_epoch, **summarize_epoch(state)}
+            if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
+                state.eval_results.update({f"val_{k_}": v for k_, v in self.eval(eval_data).items()})
+                if self.ema is not None:
+                    ema = self.eval(eval_data, use_ema=True)
+                    state.eval_results.update({f"val_ema_{k_}": v for k_, v in ema.items()})
+                state.log(_format_eval(epoch, state.eval_results))
+            for cb in callbacks:
+                cb.on_train_epoch_end(state)
+            state.step_in_epoch, skip_batches = 0, 0
+            if state.stop_training:
+                break
+        for cb in callbacks:
+            cb.on_train_end(state)
+        return state
+
+    def _resume_position(self, state: TrainState) -> tuple[int, int]:
+        """(first epoch to run, batches of it already done) from a loaded checkpoint, else (0, 0)."""
+        ckpt, self._resume = self._resume, None
+        if ckpt is None:
+            return 0, 0
+        set_rng_state(ckpt["rng"])
+        state.global_step = int(ckpt["global_step"])
+        if ckpt["epoch_complete"]:
+            state.epoch = int(ckpt["epoch"]) + 1
+            return state.epoch, 0
+        state.epoch, state.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step_in_epoch"])
+        return state.epoch, state.step_in_epoch * self.accumulation_steps
+
+    # --- evaluation and prediction --------------------------------------------------------------------
+    @torch.no_grad()
+    def eval(self, data: Iterable, use_ema: bool = False) -> dict[str, float]:
+        """Top-1/top-5/loss over every sample of `data` (exact across ranks when `data` is sharded)."""
+        net = self.ema.module if use_ema else self.network
+        if use_ema and self.ema is None:
+            raise ConfigError("use_ema=True but this Model has no EMA", "enable train.ema.enabled")
+        was_training = net.training
+        net.eval()
+        acc = MetricAccumulator(self.metrics)
+        loss_fn = self.loss_fn or nn.CrossEntropyLoss()
+        for x, y in data:
+            x = x.to(self.device, non_blocking=True)
+            if self.channels_last and x.ndim == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            y = y.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                logits = net(x)
+            logits = logits.float()
+            per_sample = _per_sample_loss(loss_fn, logits, y)
+            acc.update(logits, y, per_sample.sum())
+        net.train(was_training)
+        return acc.compute()
+
+    @torch.no_grad()
+    def predict(self, batch: torch.Tensor, use_ema: bool = False) -> torch.Tensor:
+        """Logits for a batch (eval mode)."""
+        net = self.ema.module if use_ema and self.ema is not None else self.network
+        was_training = net.training
+        net.eval()
+        x = batch.to(self.device)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            out = net(x).float()
+        net.train(was_training)
+        return out
+
+
+def _per_sample_loss(loss_fn: nn.Module, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss per sample, so the evaluation mean is exact whatever the batch sizes."""
+    if hasattr(loss_fn, "reduction"):
+        saved, loss_fn.reduction = loss_fn.reduction, "none"
+        try:
+            return loss_fn(logits, y)
+        finally:
+            loss_fn.reduction = saved
+    return loss_fn(logits, y).expand(y.shape[0])  # an opaque loss: its mean stands for each sample
+
+
+def _format_eval(epoch: int, results: dict) -> str:
+    parts = [f"{k}={v:.4f}" for k, v in results.items() if k.startswith(("val_", "train_")) and k != "train_time_s"]
+    return f"epoch: {epoch + 1} " + " ".join(parts)

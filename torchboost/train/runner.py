@@ -1,0 +1,164 @@
+"""Runs a recipe: build everything from a Config, train, evaluate, predict. The CLI calls these."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .. import dist
+from ..builders import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer, build_schedule,
+                        effective_lr, resolve_device)
+from ..config import Config, dump_config
+from ..data import build_dataset, build_loader
+from ..seed import seed_everything
+from .callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
+                        TensorBoard, TimeMonitor, is_main_process)
+from .model import Model
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    last_checkpoint: Optional[Path]
+    eval_results: dict
+    epochs_done: int
+
+
+def output_dir(cfg: Config, override: Optional[str] = None) -> Path:
+    return Path(override or cfg.output.format(name=cfg.name))
+
+
+def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optional[str] = None,
+                      log=print) -> RunResult:
+    """Train as the recipe says; under torchrun, data-parallel across the ranks."""
+    info = dist.init_distributed(timeout_s=cfg.dist.timeout_s)
+    try:
+        return _train(cfg, info, resume, output, log if info.is_main else (lambda *_: None))
+    finally:
+        dist.shutdown()
+
+
+def _train(cfg: Config, info, resume, output, log) -> RunResult:
+    out = output_dir(cfg, output)
+    device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
+    seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+
+    train_ds, eval_ds = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "test")
+    cfg.data.mean = cfg.data.mean or [float(v) for v in train_ds.mean]  # recorded so predict normalizes alike
+    cfg.data.std = cfg.data.std or [float(v) for v in train_ds.std]
+    loader_kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
+                     seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
+    train_loader = build_loader(train_ds, cfg.data.batch_size, True, **loader_kw)
+    eval_loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, **loader_kw)
+
+    net = build_model(cfg).to(device)
+    hooks: list = []
+    plan = None
+    if cfg.boost.level != "O0" or cfg.boost.config:
+        from ..boost import build_boost, resolve_boost
+
+        plan = resolve_boost(cfg.boost.level, cfg.boost.config, world_size=info.world_size)
+    steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulation_steps)
+    if plan is not None:
+        net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,
+                                 world_size=info.world_size)
+        log(plan.describe())
+    ema = build_ema(cfg, net)
+    lr = effective_lr(cfg, info.world_size)
+    optimizer = build_optimizer(cfg, net, lr)
+    adasum = any(type(h).__name__ == "AdasumHook" for h in hooks)
+    wrapped = net
+    if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
+        wrapped = dist.wrap_ddp(net, info, bucket_cap_mb=cfg.dist.bucket_cap_mb,
+                                fusion_config=cfg.dist.fusion_config, sync_bn=cfg.dist.sync_bn)
+
+    model = Model(wrapped, build_loss(cfg), optimizer, amp_level=cfg.train.amp_level,
+                  loss_scale_manager=build_loss_scale(cfg, device), device=device,
+                  amp_dtype=None if cfg.train.amp_dtype == "auto" else cfg.train.amp_dtype,
+                  lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
+                  clip_global_norm=cfg.train.clip_global_norm, clip_value=cfg.train.clip_value,
+                  accumulation_steps=cfg.train.accumulation_steps, ema=ema, hooks=hooks,
+                  channels_last=cfg.model.channels_last, per_batch_accuracy=cfg.train.per_batch_accuracy)
+    model.extra_state = {"config": cfg.to_dict(), "classes": list(train_ds.classes)}
+    if resume:
+        ckpt = model.load_checkpoint(resume)
+        log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
+            f"update {ckpt['global_step']})")
+
+    ckpt_cb = ModelCheckpoint(cfg.checkpoint.prefix, out / "ckpt", CheckpointConfig(
+        cfg.checkpoint.save_every_steps, cfg.checkpoint.save_every_epochs, cfg.checkpoint.keep_max))
+    callbacks = [ProgressBar(None if cfg.train.progress_bar else False), LossMonitor(cfg.train.log_every),
+                 TimeMonitor(), ckpt_cb, History(out)]
+    if cfg.train.early_stopping_patience:
+        callbacks.append(EarlyStopping(patience=cfg.train.early_stopping_patience))
+    try:
+        callbacks.append(TensorBoard(out / "tensorboard"))
+    except ImportError:
+        log("note: TensorBoard not installed; `pip install tensorboard` for event files")
+    if is_main_process():
+        out.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, out / "config.yaml")
+    log(f"training {cfg.model.name} on {cfg.data.dataset} ({len(train_ds)} train / {len(eval_ds)} eval images) "
+        f"for {cfg.train.epochs} epochs on {device}, {info.world_size} process(es), "
+        f"{steps_per_epoch} updates/epoch, lr {lr:g}")
+    state = model.train(cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
+                        eval_every=cfg.train.eval_every)
+    state.log_fn = log
+    if is_main_process():
+        log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
+            f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
+    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1)
+
+
+def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Config, dict]:
+    """Rebuild the trained network from a checkpoint's saved config (no recipe needed)."""
+    from ..config import _merge
+    from ..errors import CheckpointError
+    from .checkpoint import load_checkpoint, load_model_state
+
+    ckpt = load_checkpoint(path)
+    if "config" not in ckpt:
+        raise CheckpointError(f"{path} has no saved config", "pass a checkpoint written by `torchboost train`")
+    cfg = Config()
+    _merge(cfg, ckpt["config"])
+    dev = resolve_device(device)
+    net = build_model(cfg)
+    load_model_state(net, ckpt["model"], source=str(path))
+    model = Model(net, build_loss(cfg), device=dev, channels_last=cfg.model.channels_last)
+    return model, cfg, ckpt
+
+
+def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str = "test",
+                        use_ema: bool = False) -> dict:
+    model, cfg, ckpt = model_from_checkpoint(path)
+    if data_path:
+        cfg.data.path = data_path
+        if cfg.data.dataset in ("mnist5k", "digits", "synthetic"):
+            cfg.data.dataset = "folder"
+    if use_ema:
+        if "ema" not in ckpt:
+            from ..errors import CheckpointError
+
+            raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
+        model.network.load_state_dict(ckpt["ema"]["module"])
+    ds = build_dataset(cfg.data, split)
+    return model.eval(build_loader(ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers))
+
+
+def predict_images(path: str, images: list[str], topk: int = 5) -> list[list[tuple[str, float]]]:
+    """Top-k (class, probability) for each image file, preprocessed like the run's evaluation data."""
+    from ..data.transforms import load_for_eval
+
+    model, cfg, ckpt = model_from_checkpoint(path)
+    classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]
+    batch = torch.stack([load_for_eval(p, cfg.data.image_size, cfg.data.mean, cfg.data.std,
+                                       channels=cfg.model.in_chans, crop_pct=cfg.data.crop_pct) for p in images])
+    probs = model.predict(batch).softmax(dim=1)
+    k = min(topk, probs.shape[1])
+    top = probs.topk(k, dim=1)
+    return [[(classes[i], float(p)) for p, i in zip(ps.tolist(), idx.tolist())]
+            for ps, idx in zip(top.values, top.indices)]

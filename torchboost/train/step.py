@@ -1,0 +1,168 @@
+"""TrainStep: one optimizer update, as one readable function. Subclass it (or replace it) for custom steps.
+
+forward (autocast) -> loss / n_micro -> scaled backward (no DDP sync until the last micro-batch)
+-> unscale -> [overflow check] -> hooks.on_gradients -> clip -> hooks.before_optimizer
+-> optimizer.step -> hooks.after_optimizer -> scaler.update -> zero_grad -> EMA
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .ema import ModelEMA
+from .hooks import StepHook
+from .loss_scale import LossScaleManager
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # mean loss over the update's samples (detached, fp32)
+    samples: int
+    correct: Optional[torch.Tensor] = None  # top-1 hits, when the step computes accuracy
+    skipped: bool = False  # update dropped because gradients overflowed
+
+
+class TrainStep:
+    """Everything one update needs, with each feature off by default."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, *,
+                 device: torch.device | str = "cpu", autocast_dtype: Optional[torch.dtype] = None,
+                 loss_scale: Optional[LossScaleManager] = None, clip_global_norm: Optional[float] = None,
+                 clip_value: Optional[float] = None, ema: Optional[ModelEMA] = None,
+                 hooks: Sequence[StepHook] = (), lr_schedule: Optional[np.ndarray] = None,
+                 channels_last: bool = False, compute_accuracy: bool = False,
+                 ema_model: Optional[nn.Module] = None) -> None:
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.device = torch.device(device)
+        self.autocast_dtype, self.loss_scale = autocast_dtype, loss_scale
+        self.clip_global_norm, self.clip_value = clip_global_norm, clip_value
+        self.ema, self.hooks, self.lr_schedule = ema, list(hooks), lr_schedule
+        self.channels_last, self.compute_accuracy = channels_last, compute_accuracy
+        # EMA tracks the bare module even when `model` is a DDP wrapper.
+        self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
+        self.last_grad_norm: Optional[torch.Tensor] = None
+        for g in optimizer.param_groups:  # remember each group's share of the schedule (e.g. lr multipliers)
+            g.setdefault("lr_scale", 1.0)
+
+    # --- pieces a subclass may override -------------------------------------------------------------
+    def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.device, non_blocking=True)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = self.model(x)
+            loss = self.loss_fn(logits, y)
+        return loss, logits
+
+    def set_lr(self, step: int) -> None:
+        if self.lr_schedule is None:
+            return
+        lr = float(self.lr_schedule[min(step, len(self.lr_schedule) - 1)])
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * g["lr_scale"]
+
+    def params_with_grad(self) -> list[torch.Tensor]:
+        return [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+    # --- the step -----------------------------------------------------------------------------------
+    def __call__(self, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], step: int) -> StepOutput:
+        model, opt, scaler = self.model, self.optimizer, self.loss_scale
+        self.set_lr(step)
+        for h in self.hooks:
+            h.before_update(step)
+
+        n = len(micro_batches)  # a short last window at epoch end divides by what it really has
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device) if self.compute_accuracy else None
+        samples = 0
+        for i, (x, y) in enumerate(micro_batches):
+            x, y = self.to_device(x, y)
+            last = i == n - 1
+            # DDP: all-reduce gradients only once, on the final micro-batch (MindSpore reduces every one).
+            sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                loss, logits = self.forward_loss(x, y)
+                scaled = loss / n
+                (scaler.scaler.scale(scaled) if scaler else scaled).backward()
+            loss_sum += loss.detach().float() * y.shape[0]
+            samples += y.shape[0]
+            if correct is not None:
+                correct += (logits.detach().argmax(1) == y).sum()
+
+        overflow = self.unscale_and_check()
+        drop = overflow and (scaler is None or scaler.drop_overflow_update)
+        if not drop:
+            for h in self.hooks:
+                h.on_gradients(model)
+            self.clip()
+            for h in self.hooks:
+                h.before_optimizer(model)
+            self.optimizer_step(micro_batches[-1])
+            for h in self.hooks:
+                h.after_optimizer(model)
+        if scaler is not None:
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+        if self.ema is not None and not drop:
+            self.ema.update(self.ema_model)
+        return StepOutput(loss=loss_sum / max(samples, 1), samples=samples, correct=correct, skipped=drop)
+
+    def unscale_and_check(self) -> bool:
+        """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
+        if self.loss_scale is None:
+            return False
+        self.loss_scale.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.params_with_grad()]
+        if not grads:
+            return False
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+        self.last_grad_norm = norm
+        return not bool(torch.isfinite(norm))
+
+    def clip(self) -> None:
+        params = self.params_with_grad()
+        if self.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(params, self.clip_value)
+        if self.clip_global_norm is not None:
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_global_norm)
+
+    def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        opt, scaler = self.optimizer, self.loss_scale
+        if getattr(opt, "needs_closure", False):  # e.g. DimReduce's line search re-evaluates the loss
+            x, y = self.to_device(*batch)
+
+            @torch.no_grad()
+            def closure() -> torch.Tensor:
+                return self.forward_loss(x, y)[0].float()
+
+            opt.step(closure)
+        elif scaler is not None and scaler.drop_overflow_update:
+            scaler.scaler.step(opt)  # gradients are already unscaled; GradScaler skips on inf as a safety net
+        else:
+            opt.step()
+
+    def state_dict(self) -> dict:
+        state = {f"hook{i}": h.state_dict() for i, h in enumerate(self.hooks)}
+        if self.loss_scale is not None:
+            state["loss_scale"] = self.loss_scale.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for i, h in enumerate(self.hooks):
+            h.load_state_dict(state.get(f"hook{i}", {}))
+        if self.loss_scale is not None and "loss_scale" in state:
+            self.loss_scale.load_state_dict(state["loss_scale"])
