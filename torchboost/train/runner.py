@@ -48,8 +48,10 @@ def _train(cfg: Config, info, resume, output, log) -> RunResult:
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
 
     train_ds, eval_ds = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "test")
-    cfg.data.mean = cfg.data.mean or [float(v) for v in train_ds.mean]  # recorded so predict normalizes alike
-    cfg.data.std = cfg.data.std or [float(v) for v in train_ds.std]
+    # Recorded in the saved config so `predict` normalizes new images exactly like training did.
+    stats = train_ds if hasattr(train_ds, "mean") else getattr(train_ds, "transform", None)
+    if stats is not None and cfg.data.mean is None:
+        cfg.data.mean, cfg.data.std = [float(v) for v in stats.mean], [float(v) for v in stats.std]
     loader_kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
                      seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
     train_loader = build_loader(train_ds, cfg.data.batch_size, True, **loader_kw)

@@ -1,0 +1,72 @@
+"""Framework overhead: `Model.train` vs a hand-written PyTorch loop, same model, data and optimizer.
+
+Run: .venv/bin/python benchmarks/overhead.py [--epochs-per-trial 1 --trials 7 --batch 100]
+The two are interleaved trial by trial (so machine noise hits both alike); medians and the ratio are printed.
+Target: Model.train / hand loop <= 1.03 on the MNIST CNN, where framework overhead shows most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from torchboost.data import build_loader
+from torchboost.data.builtin import load_builtin
+from torchboost.losses import CrossEntropySmooth
+from torchboost.models import create_model
+from torchboost.train.callbacks import LossMonitor, TimeMonitor
+from torchboost.train.model import Model
+
+
+def hand_loop(model, opt, loader, epochs):
+    model.train()
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--epochs-per-trial", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=100)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    ds = load_builtin("mnist5k", "train")
+    loader = build_loader(ds, args.batch, True, seed=0)
+
+    times = {"hand loop": [], "Model.train": []}
+    for trial in range(args.trials + 1):  # trial 0 warms up both paths and is discarded
+        for name in times:
+            net = create_model("mnist_cnn", num_classes=10, in_chans=1)
+            opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+            t0 = time.perf_counter()
+            if name == "hand loop":
+                hand_loop(net, opt, loader, args.epochs_per_trial)
+            else:
+                model = Model(net, CrossEntropySmooth(num_classes=10), opt, device="cpu")
+                cbs = [LossMonitor(10**9), TimeMonitor()]
+                model.train(args.epochs_per_trial, loader, callbacks=cbs)
+            if trial:
+                times[name].append(time.perf_counter() - t0)
+
+    steps = len(loader) * args.epochs_per_trial
+    hand, ours = statistics.median(times["hand loop"]), statistics.median(times["Model.train"])
+    print(f"MNIST CNN, mnist5k train ({len(ds)} images), batch {args.batch}, {steps} steps/trial, "
+          f"{args.trials} trials, {torch.get_num_threads()} threads")
+    print(f"{'loop':<14}{'median s':>10}{'ms/step':>10}{'img/s':>10}")
+    for name, t in (("hand loop", hand), ("Model.train", ours)):
+        print(f"{name:<14}{t:>10.3f}{1000 * t / steps:>10.3f}{steps * args.batch / t:>10.0f}")
+    print(f"overhead ratio Model.train / hand loop: {ours / hand:.3f}x (target <= 1.03)")
+
+
+if __name__ == "__main__":
+    main()

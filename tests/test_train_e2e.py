@@ -1,0 +1,132 @@
+"""End to end: the CLI's main job, exact resume, SIGKILL-then-resume, and the one-line errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchboost.cli import main
+from torchboost.config import load_config
+from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
+from torchboost.train.runner import train_from_config
+
+FAST = ["train.progress_bar=false", "schedule.mode=constant", "train.log_every=1000"]
+
+
+def _cfg(tmp, *extra):
+    return load_config("digits-lenet", FAST + [f"output={tmp}", *extra])
+
+
+def _final_weights(out: Path, prefix="digits") -> dict:
+    return load_checkpoint(list_checkpoints(out / "ckpt", prefix)[-1])["model"]
+
+
+def test_resume_is_exact(tmp_path):
+    straight = train_from_config(_cfg(tmp_path / "a", "train.epochs=4"))
+    first = train_from_config(_cfg(tmp_path / "b", "train.epochs=2"))
+    resumed = train_from_config(_cfg(tmp_path / "b", "train.epochs=4"), resume=str(first.last_checkpoint))
+    assert resumed.epochs_done == 4
+    a, b = _final_weights(tmp_path / "a"), _final_weights(tmp_path / "b")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    hist = (tmp_path / "b" / "history.jsonl").read_text().splitlines()
+    assert len(hist) == 4  # the resumed run continues the history instead of restarting it
+
+
+def _cli(*args, **kw):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "torchboost", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, **kw)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume(tmp_path):
+    common = ["train", "--config", "digits-lenet", *sum((["--set", s] for s in FAST), []),
+              "--set", "train.epochs=6", "--set", "checkpoint.save_every_steps=7", "--set", "checkpoint.keep_max=50"]
+    ref = _cli(*common, "--output", str(tmp_path / "ref"))
+    victim = _cli(*common, "--output", str(tmp_path / "run"))
+    ckdir = tmp_path / "run" / "ckpt"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill as soon as a mid-epoch checkpoint of epoch >= 2 exists
+        mids = [p for p in ckdir.glob("digits-*.ckpt") if not p.name.endswith("_45.ckpt")
+                and int(p.name.split("-")[1].split("_")[0]) >= 2]
+        if mids:
+            break
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(30) == -signal.SIGKILL, "the run finished before it could be killed"
+    for p in list_checkpoints(ckdir, "digits"):  # nothing corrupt: every visible checkpoint loads
+        load_checkpoint(p)
+    last = list_checkpoints(ckdir, "digits")[-1]
+    resumed = _cli(*common, "--output", str(tmp_path / "run"), "--resume", str(last))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out
+    assert ref.wait(300) == 0
+    a, b = _final_weights(tmp_path / "ref"), _final_weights(tmp_path / "run")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_default_job_reaches_97_percent(tmp_path, capsys):
+    assert main(["train", "--output", str(tmp_path), "--set", "train.progress_bar=false"]) == 0
+    text = capsys.readouterr().out
+    assert "epoch: 1 step: 25, loss is" in text  # MindSpore's LossMonitor line
+    acc = float(text.split("final: top-1 ")[1].split(",")[0])
+    assert acc >= 0.97, text[-2000:]
+    assert (tmp_path / "history.png").stat().st_size > 1000
+    assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 12
+    assert len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 3  # keep_max
+    ckpt = str(list_checkpoints(tmp_path / "ckpt", "mnist")[-1])
+    assert main(["eval", "--checkpoint", ckpt]) == 0
+    line = capsys.readouterr().out
+    assert f"top_1_accuracy={acc:.4f}" in line and "samples=1000" in line
+
+
+def _error_line(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    assert "did you mean 'train.epochs'" in _error_line(capsys, ["train", "--set", "train.epoch=3"])
+    assert "must be int" in _error_line(capsys, ["train", "--set", "train.epochs=x"])
+    missing = tmp_path / "nope"
+    err = _error_line(capsys, ["train", "--set", "data.dataset=folder", "--data", str(missing)])
+    assert str(missing) in err
+    empty = tmp_path / "empty"
+    (empty / "train").mkdir(parents=True)
+    (empty / "val").mkdir()
+    _error_line(capsys, ["train", "--set", "data.dataset=folder", "--data", str(empty)])
+
+
+def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i in range(4):
+                Image.new("L", (12, 12), color=30 * i).save(d / f"{i}.png")
+    (root / "train" / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    args = ["train", "--output", str(tmp_path / "out"), "--set", "data.dataset=folder", "--data", str(root),
+            "--set", "data.image_size=12", "--set", "data.num_classes=2", "--set", "model.num_classes=2",
+            "--set", "train.epochs=1", "--set", "train.progress_bar=false", "--set", "data.batch_size=4"]
+    assert "bad.png" in _error_line(capsys, args)
+    assert main(args + ["--set", "data.skip_corrupt=true"]) == 0
+    capsys.readouterr()
+    # A checkpoint of a 2-class model resumed into a 10-class model names the first mismatching tensor.
+    ckpt = list_checkpoints(tmp_path / "out" / "ckpt", "mnist")[-1]
+    err = _error_line(capsys, ["train", "--resume", str(ckpt), "--output", str(tmp_path / "o2")])
+    assert "fc.weight" in err and "(2, 180)" in err
