@@ -6,10 +6,8 @@ and nothing in it can run code.
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..fileio import atomic_path
 
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 
@@ -28,26 +27,10 @@ def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
-    """Write to a temp file in the same folder, fsync, then os.replace: a crash leaves old or new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """torch.save through a temp file + fsync + rename: a crash leaves the old file or the new, never half."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+    return Path(path)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

@@ -1,0 +1,105 @@
+"""`torchboost convert IN OUT`: weights between MindSpore .ckpt, torch state dicts (.pt/.pth) and .safetensors.
+
+The direction comes from the file extensions. Crossing between .ckpt and a torch format renames the
+weights (torchboost.migrate.names); torch <-> safetensors only changes the container. `arch="none"` keeps
+names as they are (a pure container change, e.g. for the MNIST CNN).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from torchboost.errors import CheckpointError, ConfigError
+from torchboost.fileio import atomic_path
+from torchboost.migrate.mindspore_ckpt import load_mindspore_ckpt, save_mindspore_ckpt
+from torchboost.migrate.names import MappingReport, mindspore_to_torch, torch_to_mindspore
+
+KINDS = {".ckpt": "ckpt", ".pt": "torch", ".pth": "torch", ".safetensors": "safetensors"}
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    kind = KINDS.get(Path(path).suffix.lower())
+    if kind is None:
+        raise ConfigError(f"cannot tell the format of {path} from its extension",
+                          f"use one of {', '.join(KINDS)}")
+    return kind
+
+
+def load_torch_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a .pt/.pth (weights_only: never unpickles code) or .safetensors file into {name: tensor}.
+
+    Accepts a bare state dict or a training checkpoint holding one under "model"/"state_dict", and strips
+    DDP's "module." prefix.
+    """
+    try:
+        if file_kind(path) == "safetensors":
+            from safetensors.torch import load_file
+            obj = load_file(str(path))
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except ConfigError:
+        raise
+    except Exception as e:  # unpickling/safetensors errors have many types; all mean "unreadable"
+        raise CheckpointError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                              "check that it is a torch state dict / safetensors file") from None
+    if isinstance(obj, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors", "save model.state_dict() instead")
+    if all(k.startswith("module.") for k in obj):
+        obj = {k.removeprefix("module."): v for k, v in obj.items()}
+    return obj
+
+
+def save_torch_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) -> None:
+    """Write {name: tensor} as .pt/.pth or .safetensors, atomically."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        if file_kind(path) == "safetensors":
+            from safetensors.torch import save_file
+            # safetensors refuses tensors sharing storage; contiguous clones are independent.
+            save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(tmp))
+        else:
+            torch.save(state, tmp)
+
+
+def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, arch: str | None = None,
+            num_classes: int | None = None, drop_background: bool = False, convert_moments: bool = False,
+            strict: bool = True) -> MappingReport:
+    """Convert weights from `in_path` to `out_path` and return what was mapped.
+
+    arch: resnet18..resnet152 (None: detected from the names) or "none" to keep names untouched.
+    drop_background: when reading a 1001-class MindSpore checkpoint, drop class 0 -> 1000 classes.
+    strict: refuse (CheckpointError naming the first problem) unless every tensor maps cleanly.
+    """
+    src, dst = file_kind(in_path), file_kind(out_path)
+    if src == dst == "ckpt":
+        raise ConfigError("both files are MindSpore .ckpt: nothing to convert", "write a .pt/.pth/.safetensors")
+    from_ms, to_ms = src == "ckpt", dst == "ckpt"
+    if drop_background and not from_ms:
+        raise ConfigError("drop_background only applies when reading a MindSpore .ckpt",
+                          "drop --drop-background or convert from the .ckpt")
+    state = load_mindspore_ckpt(in_path) if from_ms else load_torch_state(in_path)
+    if arch == "none" or from_ms == to_ms:
+        report = MappingReport(arch="none", mapped=list(state))
+    elif from_ms:
+        state, report = mindspore_to_torch(state, arch, num_classes, drop_background, convert_moments)
+    else:
+        state, report = torch_to_mindspore(state, arch, num_classes, convert_moments)
+    if strict and not report.ok:
+        raise CheckpointError(f"{in_path} does not convert cleanly to {report.arch}: {report.first_problem()}",
+                              "pick the right arch/num_classes (drop_background for 1001-class MindSpore "
+                              "weights) or convert non-strictly")
+    if not state:
+        raise CheckpointError(f"no tensors of {in_path} map to {report.arch}", "pick the right arch")
+    if to_ms:
+        save_mindspore_ckpt(out_path, state)
+    else:
+        save_torch_state(out_path, state)
+    return report
