@@ -30,6 +30,7 @@ class ModelConfig:
     init: str = "torchvision"
     small_input: bool = False
     channels_last: bool = False
+    compile: bool = False  # torch.compile: faster inference, slower CPU training here (see BENCHMARKS.md)
 
 
 @dataclass
@@ -48,6 +49,8 @@ class DataConfig:
     channels: int = 1
     num_classes: int = 10
     synthetic_size: int = 1024
+    # Ship uint8 batches and normalize on the device: 4x fewer bytes through workers and host-to-device copies.
+    normalize_on_device: bool = False
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import DynamicLossScaleManager, LossScaleManager
 from .metrics import METRIC_NAMES, MetricAccumulator
-from .step import TrainStep
+from .step import TrainStep, prepare_input
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -57,7 +57,9 @@ class Model:
                  lr_schedule: Optional[np.ndarray] = None, clip_global_norm: Optional[float] = None,
                  clip_value: Optional[float] = None, accumulation_steps: int = 1,
                  ema: Optional[ModelEMA] = None, hooks: Sequence[StepHook] = (), channels_last: bool = False,
-                 per_batch_accuracy: bool = False, step_cls: type[TrainStep] = TrainStep) -> None:
+                 per_batch_accuracy: bool = False, step_cls: type[TrainStep] = TrainStep,
+                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None,
+                 compile: bool = False) -> None:
         if amp_level not in AMP_LEVELS:
             raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
         if accumulation_steps < 1:
@@ -67,6 +69,7 @@ class Model:
         self.module = getattr(network, "module", network)  # the bare model under a DDP wrapper
         if channels_last:
             self.network.to(memory_format=torch.channels_last)
+        self.input_norm = input_norm
         self.loss_fn, self.optimizer = loss_fn, optimizer
         self.metrics = tuple(metrics) if metrics is not None else METRIC_NAMES
         MetricAccumulator(self.metrics)  # validates the names now rather than at the first evaluation
@@ -81,12 +84,14 @@ class Model:
         self.channels_last = channels_last
         self.ema = ema
         self.train_step: Optional[TrainStep] = None
+        # torch.compile wraps the forward; the bare module keeps the state dict and the EMA/hook targets.
+        self.compiled = torch.compile(self.network) if compile else self.network
         if optimizer is not None and loss_fn is not None:
             self.train_step = step_cls(
-                self.network, loss_fn, optimizer, device=self.device, autocast_dtype=self.autocast_dtype,
+                self.compiled, loss_fn, optimizer, device=self.device, autocast_dtype=self.autocast_dtype,
                 loss_scale=loss_scale_manager, clip_global_norm=clip_global_norm, clip_value=clip_value,
                 ema=ema, hooks=hooks, lr_schedule=lr_schedule, channels_last=channels_last,
-                compute_accuracy=per_batch_accuracy, ema_model=self.module)
+                compute_accuracy=per_batch_accuracy, ema_model=self.module, input_norm=input_norm)
         self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)
         self._resume: Optional[dict] = None
 
@@ -204,17 +209,15 @@ class Model:
     @torch.no_grad()
     def eval(self, data: Iterable, use_ema: bool = False) -> dict[str, float]:
         """Top-1/top-5/loss over every sample of `data` (exact across ranks when `data` is sharded)."""
-        net = self.ema.module if use_ema else self.network
         if use_ema and self.ema is None:
             raise ConfigError("use_ema=True but this Model has no EMA", "enable train.ema.enabled")
+        net = self.ema.module if use_ema else self.compiled
         was_training = net.training
         net.eval()
         acc = MetricAccumulator(self.metrics)
         loss_fn = self.loss_fn or nn.CrossEntropyLoss()
         for x, y in data:
-            x = x.to(self.device, non_blocking=True)
-            if self.channels_last and x.ndim == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
+            x = prepare_input(x, self.device, self.channels_last, self.input_norm)
             y = y.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 logits = net(x)
@@ -227,12 +230,10 @@ class Model:
     @torch.no_grad()
     def predict(self, batch: torch.Tensor, use_ema: bool = False) -> torch.Tensor:
         """Logits for a batch (eval mode)."""
-        net = self.ema.module if use_ema and self.ema is not None else self.network
+        net = self.ema.module if use_ema and self.ema is not None else self.compiled
         was_training = net.training
         net.eval()
-        x = batch.to(self.device)
-        if self.channels_last and x.ndim == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = prepare_input(batch, self.device, self.channels_last, self.input_norm)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             out = net(x).float()
         net.train(was_training)

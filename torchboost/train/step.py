@@ -20,6 +20,23 @@ from .hooks import StepHook
 from .loss_scale import LossScaleManager
 
 
+def prepare_input(x: torch.Tensor, device: torch.device, channels_last: bool = False,
+                  input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None) -> torch.Tensor:
+    """Move a batch to the device (non-blocking: overlaps with compute when the loader pins memory),
+    normalize uint8 batches there (4x fewer bytes through the loader and the host-to-device copy),
+    and switch to channels_last when asked."""
+    x = x.to(device, non_blocking=True)
+    if x.dtype == torch.uint8:
+        if input_norm is None:
+            raise ValueError("a uint8 batch needs input_norm=(mean, std) to be normalized on the device")
+        from ..data.transforms import normalize_batch
+
+        x = normalize_batch(x, *input_norm)
+    if channels_last and x.ndim == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 @dataclass
 class StepOutput:
     loss: torch.Tensor  # mean loss over the update's samples (detached, fp32)
@@ -37,13 +54,14 @@ class TrainStep:
                  clip_value: Optional[float] = None, ema: Optional[ModelEMA] = None,
                  hooks: Sequence[StepHook] = (), lr_schedule: Optional[np.ndarray] = None,
                  channels_last: bool = False, compute_accuracy: bool = False,
-                 ema_model: Optional[nn.Module] = None) -> None:
+                 ema_model: Optional[nn.Module] = None,
+                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None) -> None:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.device = torch.device(device)
         self.autocast_dtype, self.loss_scale = autocast_dtype, loss_scale
         self.clip_global_norm, self.clip_value = clip_global_norm, clip_value
         self.ema, self.hooks, self.lr_schedule = ema, list(hooks), lr_schedule
-        self.channels_last, self.compute_accuracy = channels_last, compute_accuracy
+        self.channels_last, self.compute_accuracy, self.input_norm = channels_last, compute_accuracy, input_norm
         # EMA tracks the bare module even when `model` is a DDP wrapper.
         self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
         self.last_grad_norm: Optional[torch.Tensor] = None
@@ -52,9 +70,7 @@ class TrainStep:
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.to(self.device, non_blocking=True)
-        if self.channels_last and x.ndim == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = prepare_input(x, self.device, self.channels_last, self.input_norm)
         return x, y.to(self.device, non_blocking=True)
 
     def autocast(self) -> contextlib.AbstractContextManager:
