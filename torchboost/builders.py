@@ -41,12 +41,19 @@ def effective_lr(cfg: Config, world_size: int) -> float:
 
 def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
     o = cfg.optim
-    if o.name == "sgd":
-        groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias)
+    for pattern, wd in o.weight_decay_groups.items():
+        if isinstance(wd, bool) or not isinstance(wd, (int, float)):
+            raise ConfigError(f"optim.weight_decay_groups['{pattern}'] must be a number, got {wd!r}",
+                              "write e.g. {'layer4.*': 1e-4}")
+    if o.name in ("sgd", "adamw"):
+        groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.weight_decay_groups)
+        if o.name == "adamw":
+            return torch.optim.AdamW(groups, lr=lr, foreach=True)
         return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, foreach=True)
-    if o.name == "adamw":
-        return torch.optim.AdamW(param_groups(model, o.weight_decay, o.decay_bn_and_bias), lr=lr, foreach=True)
     if o.name == "thor":
+        if o.weight_decay_groups:
+            raise ConfigError("optim.weight_decay_groups is not supported with THOR",
+                              "THOR takes one weight_decay; remove optim.weight_decay_groups")
         from .optim.thor import THOR
 
         try:

@@ -20,7 +20,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.data:
         overrides.append(f"data.path={args.data}")
     cfg = load_config(args.config, overrides)
-    result = train_from_config(cfg, resume=args.resume, output=args.output)
+    result = train_from_config(cfg, resume=args.resume, output=args.output, profile=args.profile)
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None:
         print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
@@ -74,6 +74,52 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_align(args: argparse.Namespace) -> int:
+    from .migrate.align_config import align_from_config
+
+    result = align_from_config(
+        args.config, reference=args.reference, reference_config=args.reference_config,
+        reference_dump=args.reference_dump, dump_ours=args.dump_ours, overrides=args.set or [],
+        reference_overrides=args.reference_set or [], batch_size=args.batch_size, batch_source=args.batch,
+        single_step=args.single_step, name_map=args.name_map)
+    if args.dump_ours:
+        print(f"wrote our step's tensors to {result}")
+        return 0
+    print(result.table(limit=args.rows, failures_only=args.failures_only))  # ends with the verdict line
+    if args.report:
+        result.save(args.report)
+        print(f"report: {args.report}")
+    return 0 if result.passed else 1  # 1 = a divergence was found (usable as a CI gate)
+
+
+def _cmd_diff_config(args: argparse.Namespace) -> int:
+    import json
+
+    from .diff_config import diff_configs
+
+    diff = diff_configs(args.a, args.b, args.set_a or [], args.set_b or [])
+    print(diff.table(all_keys=args.all))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(diff.to_dict(all_keys=args.all), f, indent=2)
+    return 0
+
+
+def _cmd_debug_layers(args: argparse.Namespace) -> int:
+    import json
+
+    from .debug import layer_stats_from_config
+
+    report = layer_stats_from_config(args.config, args.set or [], checkpoint=args.checkpoint,
+                                     batch_size=args.batch_size, batch_source=args.batch,
+                                     train_mode=not args.eval_mode)
+    print(report.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -85,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", help="data folder/file (sets data.path)")
     t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
     t.add_argument("--resume", help="checkpoint to continue from")
+    t.add_argument("--profile", nargs="?", const="", default=None, metavar="DIR",
+                   help="record a few steps with torch.profiler (TensorBoard trace; default OUTPUT/profile)")
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (top-1/top-5/loss)")
@@ -119,6 +167,43 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--moments", action="store_true", help="also convert momentum buffers (moments.*)")
     c.add_argument("--no-strict", action="store_true", help="write even when tensors are unmapped or missing")
     c.set_defaults(func=_cmd_convert)
+
+    a = sub.add_parser("align", help="run one step on two implementations and report the first divergence")
+    a.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="our side: recipe name or YAML path")
+    a.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    ref = a.add_mutually_exclusive_group(required=True)
+    ref.add_argument("--reference", metavar="MODULE:CALLABLE", help="a torch model factory, e.g. pkg.mod:make")
+    ref.add_argument("--reference-config", metavar="RECIPE", help="another torchboost recipe")
+    ref.add_argument("--reference-dump", metavar="DIR", help="per-layer tensors dumped by another framework")
+    ref.add_argument("--dump-ours", metavar="DIR", help="write our step in the dump layout and stop")
+    a.add_argument("--reference-set", action="append", metavar="KEY=VALUE", help="override for --reference-config")
+    a.add_argument("--single-step", action="store_true", help="feed each reference layer our layer's inputs")
+    a.add_argument("--name-map", metavar="FILE.json|mindspore", help="map our names to the reference's")
+    a.add_argument("--batch-size", type=int, default=8)
+    a.add_argument("--batch", choices=["random", "data"], default="random", help="seeded noise or real images")
+    a.add_argument("--report", metavar="OUT.json", help="write the JSON report")
+    a.add_argument("--rows", type=int, default=40, help="table rows to print")
+    a.add_argument("--failures-only", action="store_true")
+    a.set_defaults(func=_cmd_align)
+
+    d = sub.add_parser("diff-config", help="compare two recipes/configs/checkpoints side by side")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--set-a", action="append", metavar="KEY=VALUE")
+    d.add_argument("--set-b", action="append", metavar="KEY=VALUE")
+    d.add_argument("--all", action="store_true", help="show equal keys too")
+    d.add_argument("--json", metavar="OUT.json")
+    d.set_defaults(func=_cmd_diff_config)
+
+    g = sub.add_parser("debug-layers", help="per-layer output/gradient statistics for one batch")
+    g.add_argument("--config", "-c", default=DEFAULT_RECIPE)
+    g.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    g.add_argument("--checkpoint", help="weights to inspect (default: fresh initialisation)")
+    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--batch", choices=["random", "data"], default="data")
+    g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
+    g.add_argument("--json", metavar="OUT.json")
+    g.set_defaults(func=_cmd_debug_layers)
     return p
 
 

@@ -63,6 +63,8 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 0.0
     decay_bn_and_bias: bool = False
+    # Per-layer L2: {"layer4.*": 1e-4, "fc.*": 0.0} (fnmatch on parameter names, first match wins).
+    weight_decay_groups: dict = field(default_factory=dict)
     # Extra keyword arguments for THOR (frequency, split_dim, damping, ...); see torchboost.optim.thor.
     thor: dict = field(default_factory=dict)
 

@@ -1,22 +1,54 @@
-"""Parameter groups: weight decay on conv/linear weights only (the NVIDIA ResNet-50 recipe)."""
+"""Optimizer parameter groups: per-pattern L2 weight decay, BN parameters and biases exempt by default.
+
+The NVIDIA ResNet-50 recipe exempts BN gamma/beta and biases from weight decay; the MNIST tutorial's habit
+of per-layer L2 regularisation is the same mechanism with name patterns.
+"""
 
 from __future__ import annotations
 
+import fnmatch
+from typing import Mapping, Optional
+
 from torch import nn
 
+from ..errors import ConfigError
 
-def param_groups(model: nn.Module, weight_decay: float, decay_bn_and_bias: bool = False) -> list[dict]:
-    """Two groups: decayed weights, and BN parameters + biases with weight_decay=0.
 
-    Rule: a parameter with fewer than 2 dimensions is a bias or a normalisation scale/shift. That is
-    exactly the set the seed recipe exempts, and it stays right for layers we don't know about.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    if decay_bn_and_bias or weight_decay == 0:
-        return [{"params": params, "weight_decay": weight_decay}]
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+def param_groups(model: nn.Module, weight_decay: float, decay_bn_and_bias: bool = False,
+                 patterns: Optional[Mapping[str, float]] = None) -> list[dict]:
+    """Groups for SGD/AdamW. A parameter with fewer than 2 dimensions is a bias or a normalisation
+    scale/shift: exactly the set the seed recipe exempts, and right for layers we don't know about."""
+    return weight_decay_groups(model, patterns or {}, weight_decay, exempt_bn_and_bias=not decay_bn_and_bias)
+
+
+def weight_decay_groups(model: nn.Module, patterns: Mapping[str, float], default: float = 0.0, *,
+                        exempt_bn_and_bias: bool = True) -> list[dict]:
+    """Optimizer parameter groups with L2 weight decay per parameter-name pattern (fnmatch), e.g.
+    `{"layer4.*": 1e-4, "fc.*": 0.0}`. The first matching pattern wins (mapping order). Unmatched
+    parameters get `default`, except 1-D ones (BN scale/shift, biases), which get 0 when
+    `exempt_bn_and_bias`. With SGD, weight_decay adds wd·w to the gradient: exactly an L2 penalty
+    wd/2·|w|² in the loss (Paddle's L2Decay). Groups carry a "name" key (the pattern) for logs.
+
+    A pattern that matches no parameter raises ConfigError: a typo must not leave a layer unregularised."""
+    groups = {pat: {"name": pat, "params": [], "weight_decay": float(wd)} for pat, wd in patterns.items()}
+    rest = {"name": "default", "params": [], "weight_decay": float(default)}
+    no_decay = {"name": "no_decay (1-D: BN, biases)", "params": [], "weight_decay": 0.0}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        pat = next((pat for pat in patterns if fnmatch.fnmatchcase(name, pat)), None)
+        target = groups[pat] if pat is not None else (no_decay if exempt_bn_and_bias and p.ndim < 2 else rest)
+        target["params"].append(p)
+    unused = [pat for pat, g in groups.items() if not g["params"]]
+    if unused:
+        raise ConfigError(f"weight-decay pattern '{unused[0]}' matches no parameter",
+                          f"patterns match parameter names such as '{next(iter(dict(model.named_parameters())), '')}'")
+    return [g for g in (*groups.values(), rest, no_decay) if g["params"]]
+
+
+def describe_groups(groups: list[dict]) -> str:
+    """One line per group: name, tensors, values, weight decay."""
+    return "\n".join(f"{g.get('name', i)}: {len(g['params'])} tensors, {sum(p.numel() for p in g['params']):,} "
+                     f"values, weight_decay {g['weight_decay']:g}" for i, g in enumerate(groups))
+
+

@@ -85,13 +85,12 @@ class LossMonitor(Callback):
 
 
 class TimeMonitor(Callback):
-    """Per-epoch time, ms per update, images/s, and the share of time spent waiting for data."""
+    """Per-epoch time, ms per update and images/s (data wait: `torchboost.profiling.DataStarvationMonitor`)."""
 
     def on_train_epoch_begin(self, state: TrainState) -> None:
-        self._t0, self._wait, self._steps, self._samples = time.perf_counter(), 0.0, 0, 0
+        self._t0, self._steps, self._samples = time.perf_counter(), 0, 0
 
     def on_train_step_end(self, state: TrainState) -> None:
-        self._wait += state.data_time
         self._steps += 1
         self._samples += state.output.samples
 
@@ -100,8 +99,7 @@ class TimeMonitor(Callback):
         steps = max(self._steps, 1)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {elapsed * 1000 / steps:.3f} ms, "
-                  f"{self._samples * world / max(elapsed, 1e-9):.1f} images/s, "
-                  f"data wait {100 * self._wait / max(elapsed, 1e-9):.1f}%")
+                  f"{self._samples * world / max(elapsed, 1e-9):.1f} images/s")
 
 
 @dataclass

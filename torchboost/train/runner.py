@@ -14,6 +14,7 @@ from ..builders import (build_ema, build_loss, build_loss_scale, build_model, bu
                         effective_lr, resolve_device)
 from ..config import Config, dump_config
 from ..data import build_dataset, build_loader
+from ..profiling import DataStarvationMonitor, ProfilerCallback
 from ..seed import seed_everything
 from .callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
                         TensorBoard, TimeMonitor, is_main_process)
@@ -33,16 +34,17 @@ def output_dir(cfg: Config, override: Optional[str] = None) -> Path:
 
 
 def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optional[str] = None,
-                      log=print) -> RunResult:
-    """Train as the recipe says; under torchrun, data-parallel across the ranks."""
+                      log=print, profile: Optional[str] = None) -> RunResult:
+    """Train as the recipe says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
+    torch.profiler trace of a few steps ("" = OUTPUT/profile)."""
     info = dist.init_distributed(timeout_s=cfg.dist.timeout_s)
     try:
-        return _train(cfg, info, resume, output, log if info.is_main else (lambda *_: None))
+        return _train(cfg, info, resume, output, log if info.is_main else (lambda *_: None), profile)
     finally:
         dist.shutdown()
 
 
-def _train(cfg: Config, info, resume, output, log) -> RunResult:
+def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     out = output_dir(cfg, output)
     device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
@@ -93,8 +95,11 @@ def _train(cfg: Config, info, resume, output, log) -> RunResult:
 
     ckpt_cb = ModelCheckpoint(cfg.checkpoint.prefix, out / "ckpt", CheckpointConfig(
         cfg.checkpoint.save_every_steps, cfg.checkpoint.save_every_epochs, cfg.checkpoint.keep_max))
+    # DataStarvationMonitor goes before History: it adds the data-wait figures that History records.
     callbacks = [ProgressBar(None if cfg.train.progress_bar else False), LossMonitor(cfg.train.log_every),
-                 TimeMonitor(), ckpt_cb, History(out)]
+                 TimeMonitor(), DataStarvationMonitor(loader=train_loader), ckpt_cb, History(out)]
+    if profile is not None:
+        callbacks.append(ProfilerCallback(profile or out / "profile"))
     if cfg.train.early_stopping_patience:
         callbacks.append(EarlyStopping(patience=cfg.train.early_stopping_patience))
     try:

@@ -1,0 +1,77 @@
+"""`torchboost align` from recipes: build our side from a config, pick the reference, run `align`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..config import Config, load_config
+from ..errors import ConfigError
+from ..seed import seed_everything
+from .align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
+from .align_report import AlignReport
+
+
+def config_batch(cfg: Config, batch_size: int, source: str = "random", seed: int = 0) -> Batch:
+    """The batch both sides see. "random": seeded N(0,1) images of the recipe's shape (no data needed;
+    alignment checks the implementation, not the data). "data": the first images of the recipe's test
+    split (deterministic evaluation preprocessing, unlike the random training augmentation)."""
+    if source == "random":
+        g = torch.Generator().manual_seed(seed)
+        size = cfg.data.image_size
+        x = torch.randn(batch_size, cfg.model.in_chans, size, size, generator=g)
+        return x, torch.randint(0, cfg.model.num_classes, (batch_size,), generator=g)
+    if source == "data":
+        from ..data import build_dataset
+
+        ds = build_dataset(cfg.data, "test")
+        xs, ys = zip(*(ds[i] for i in range(min(batch_size, len(ds)))))
+        return torch.stack(xs), torch.as_tensor(ys, dtype=torch.long)
+    raise ConfigError(f"unknown batch source '{source}'", "use random or data")
+
+
+def _name_map(spec: Optional[str], cfg: Config) -> Optional[NameMap]:
+    if spec is None:
+        return None
+    if spec == "mindspore":
+        return NameMap.mindspore_resnet(cfg.model.name, cfg.model.num_classes)
+    if not Path(spec).is_file():
+        raise ConfigError(f"name map {spec} not found", "pass a JSON file {our name: reference name} or 'mindspore'")
+    return NameMap.from_json(spec)
+
+
+def _build(cfg: Config) -> nn.Module:
+    from ..builders import build_model
+
+    seed_everything(cfg.train.seed)
+    return build_model(cfg)
+
+
+def align_from_config(config: str, *, reference: Optional[str] = None, reference_config: Optional[str] = None,
+                      reference_dump: Optional[str] = None, overrides: Sequence[str] = (),
+                      reference_overrides: Sequence[str] = (), batch_size: int = 8, batch_source: str = "random",
+                      single_step: bool = False, name_map: Optional[str] = None,
+                      dump_ours: Optional[str] = None) -> AlignReport | Path:
+    """What `torchboost align` runs. Exactly one of reference / reference_config / reference_dump, or
+    dump_ours alone (write our step as a dump directory for another framework; returns its path).
+    Loss and optimizer come from `config` and are used on both sides."""
+    from ..builders import build_loss, build_optimizer, effective_lr
+
+    chosen = [s for s in (reference, reference_config, reference_dump, dump_ours) if s]
+    if len(chosen) != 1:
+        raise ConfigError("align needs exactly one of --reference, --reference-config, --reference-dump, "
+                          "--dump-ours", "pick the reference implementation to compare with")
+    cfg = load_config(config, list(overrides))
+    model, nm = _build(cfg), _name_map(name_map, cfg)
+    batch = config_batch(cfg, batch_size, batch_source, cfg.train.seed)
+    kw = dict(loss_fn=build_loss(cfg), optimizer=lambda m: build_optimizer(cfg, m, effective_lr(cfg, 1)),
+              name_map=nm, seed=cfg.train.seed)
+    if dump_ours:
+        return dump_step(model, batch, dump_ours, **kw)
+    if reference_dump:
+        return align_dump(model, reference_dump, single_step=single_step, **kw)
+    ref = load_reference(reference) if reference else _build(load_config(reference_config, list(reference_overrides)))
+    return align_modules(model, ref, batch, single_step=single_step, **kw)

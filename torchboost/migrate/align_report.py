@@ -1,0 +1,121 @@
+"""Compare two step recordings item by item and report the first divergence (table + JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from .compare import Metrics, compare_tensors, judge
+from .record import Recording
+
+STAGES = ("forward", "loss", "backward", "update")
+
+
+@dataclass
+class AlignItem:
+    stage: str  # forward | loss | backward | update
+    ours: str  # our module call / parameter name
+    ref: str  # the reference's name for it
+    shape: list[int]
+    metrics: Metrics
+    passed: bool
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "ours": self.ours, "reference": self.ref, "shape": self.shape,
+                "passed": self.passed, "reason": self.reason, **self.metrics.to_dict()}
+
+
+@dataclass
+class AlignReport:
+    mode: str  # "modules" or "dump"
+    single_step: bool
+    items: list[AlignItem] = field(default_factory=list)
+    unpaired: list[str] = field(default_factory=list)  # our items the reference has no counterpart for
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def first_failure(self) -> Optional[AlignItem]:
+        """The first failing item in comparison order: forward (completion order), loss, backward
+        (reverse order), update."""
+        return next((it for it in self.items if not it.passed), None)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.items) and self.first_failure is None
+
+    def summary(self) -> str:
+        n_fail = sum(not it.passed for it in self.items)
+        head = f"{len(self.items)} items compared ({len(self.unpaired)} without a reference counterpart)"
+        f = self.first_failure
+        if f is None:
+            return f"PASS: {head}, all within tolerance" if self.items else "NOTHING COMPARED: no names matched"
+        return (f"FAIL: {head}, {n_fail} failing; first divergence at {f.stage} '{f.ours}' "
+                f"(reference '{f.ref}'): {f.reason}")
+
+    def table(self, limit: Optional[int] = None, failures_only: bool = False) -> str:
+        """Fixed-width table; `limit` keeps the first N rows (the first failure is always shown)."""
+        rows = [it for it in self.items if not failures_only or not it.passed]
+        first = self.first_failure
+        if limit is not None and len(rows) > limit:
+            kept = rows[:limit]
+            rows = kept + ([first] if first is not None and first not in kept else [])
+        header = ["stage", "ours", "reference", "shape", "cosine", "max_abs", "max_rel", "rel<1e-3",
+                  "rel<5e-3", "allclose", "result"]
+        body = [[it.stage, it.ours, it.ref, "x".join(map(str, it.shape)) or "scalar",
+                 f"{it.metrics.cosine:.6f}", f"{it.metrics.max_abs:.3e}", f"{it.metrics.max_rel:.3e}",
+                 f"{it.metrics.rel_lt_1e3:.4f}", f"{it.metrics.rel_lt_5e3:.4f}", f"{it.metrics.allclose:.4f}",
+                 ("ok" if it.passed else "FAIL " + it.reason) + (" <- first" if it is first else "")]
+                for it in rows]
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1] for r in [header, *body]]
+        return "\n".join(lines + [self.summary()])
+
+    def to_dict(self) -> dict[str, Any]:
+        f = self.first_failure
+        return {"passed": self.passed, "mode": self.mode, "single_step": self.single_step,
+                "summary": self.summary(), "first_failure": f.to_dict() if f else None,
+                "items": [it.to_dict() for it in self.items], "unpaired": self.unpaired, "notes": self.notes}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def _item(stage: str, ours: str, ref: str, a: torch.Tensor, b: torch.Tensor) -> AlignItem:
+    m = compare_tensors(a, b)
+    ok, why = judge(m)
+    return AlignItem(stage, ours, ref, list(a.shape), m, ok, why)
+
+
+def compare_recordings(ours: Recording, ref: Recording, module_name: Callable[[str], str],
+                       tensor_name: Callable[[str], str], report: AlignReport) -> AlignReport:
+    """Fill `report` with every item both sides recorded, in our order; `*_name` map our names to theirs."""
+    for call, outs in ours.forward.items():
+        rname = module_name(call)
+        theirs = ref.forward.get(rname)
+        if theirs is None:
+            report.unpaired.append(f"forward:{call}")
+            continue
+        if len(theirs) != len(outs):
+            report.notes.append(f"{call}: {len(outs)} outputs here, {len(theirs)} in the reference; "
+                                f"compared the first {min(len(outs), len(theirs))}")
+        for i, (a, b) in enumerate(zip(outs, theirs)):
+            suffix = f"[{i}]" if len(outs) > 1 else ""
+            report.items.append(_item("forward", call + suffix, rname + suffix, a, b))
+    if ours.loss is not None and ref.loss is not None:
+        report.items.append(_item("loss", "loss", "loss", torch.tensor(ours.loss), torch.tensor(ref.loss)))
+    for stage, mine, theirs in (("backward", ours.grads, ref.grads), ("update", ours.updates, ref.updates)):
+        for name, a in mine.items():
+            b = theirs.get(tensor_name(name))
+            if b is None:
+                report.unpaired.append(f"{stage}:{name}")
+            else:
+                report.items.append(_item(stage, name, tensor_name(name), a, b))
+    return report
