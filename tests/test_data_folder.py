@@ -1,0 +1,142 @@
+"""Image folders: discovery, error paths, corrupt images, worker determinism, the exported mnist5k folder."""
+
+import types
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchboost.data import build_dataset, build_loader
+from torchboost.data.builtin import load_builtin
+from torchboost.data.export import export_folder
+from torchboost.data.folder import ImageFolder
+from torchboost.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
+from torchboost.errors import DataError
+
+
+def write_image(path: Path, seed: int, size=(60, 45)) -> np.ndarray:
+    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path, quality=90) if path.suffix.lower() in (".jpg", ".jpeg") else \
+        Image.fromarray(arr).save(path)
+    return arr
+
+
+def make_folder(root: Path, per_class=3) -> Path:
+    for c, name in enumerate(["dog", "cat", "ant"]):  # sorted order: ant, cat, dog
+        for i in range(per_class):
+            ext = [".jpg", ".PNG", ".JPEG"][i % 3]  # extensions are matched case-insensitively
+            write_image(root / name / f"img{i}{ext}", 10 * c + i)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    (root / ".hidden").mkdir()  # hidden folders are not classes
+    return root
+
+
+def test_classes_sorted_and_samples_listed(tmp_path):
+    ds = ImageFolder(make_folder(tmp_path), eval_transform(32, IMAGENET_MEAN, IMAGENET_STD))
+    assert ds.classes == ["ant", "cat", "dog"]
+    assert len(ds) == 9 and [label for _, label in ds.samples] == [0] * 3 + [1] * 3 + [2] * 3
+    assert all(Path(p).parent.name == ds.classes[label] for p, label in ds.samples)
+    x, y = ds[4]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32 and y == 1
+
+
+def test_png_pixels_round_trip_through_eval_transform(tmp_path):
+    arr = write_image(tmp_path / "a" / "x.png", 0, size=(32, 32))
+    ds = ImageFolder(tmp_path, eval_transform(32, IMAGENET_MEAN, IMAGENET_STD, crop_pct=1.0, uint8=True))
+    np.testing.assert_array_equal(ds[0][0].permute(1, 2, 0).numpy(), arr)
+
+
+@pytest.mark.parametrize("setup,match", [
+    (lambda root: None, "does not exist"),
+    (lambda root: root.write_text("x"), "is not a folder"),
+    (lambda root: root.mkdir(), "no class folders"),
+    (lambda root: (root / "a").mkdir(parents=True) or (root / "a" / "x.txt").write_text("x"),
+     "no images in class folder .*a"),
+])
+def test_folder_errors_are_one_line_data_errors(tmp_path, setup, match):
+    root = tmp_path / "data"
+    setup(root)
+    with pytest.raises(DataError, match=match) as e:
+        ImageFolder(root, None)
+    assert "\n" not in str(e.value) and e.value.fix
+
+
+def corrupt_folder(root: Path) -> Path:
+    for i in range(4):
+        write_image(root / "a" / f"{i}.jpg", i)
+    (root / "a" / "1.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a jpeg")
+    good = (root / "a" / "3.jpg").read_bytes()
+    (root / "a" / "2.jpg").write_bytes(good[: len(good) // 2])  # truncated: the header parses, decoding fails
+    return root
+
+
+def test_corrupt_image_error_names_the_file(tmp_path):
+    ds = ImageFolder(corrupt_folder(tmp_path), train_transform(16, IMAGENET_MEAN, IMAGENET_STD))
+    ds[0]
+    for i in (1, 2):
+        with pytest.raises(DataError, match=f"corrupt image .*{i}.jpg.*skip_corrupt"):
+            ds[i]
+
+
+def test_skip_corrupt_substitutes_next_valid_and_counts(tmp_path):
+    t = eval_transform(16, IMAGENET_MEAN, IMAGENET_STD, uint8=True)
+    ds = ImageFolder(corrupt_folder(tmp_path), t, skip_corrupt=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x1, _ = ds[1]  # 1.jpg and 2.jpg are corrupt -> 3.jpg
+    assert torch.equal(x1, ds[3][0]) and ds.skipped == 2
+    assert any("1.jpg" in str(w.message) for w in caught)
+    # Counts made in worker processes reach the main process.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = list(build_loader(ds, 2, train=False, workers=2, persistent_workers=False))
+    assert sum(len(y) for _, y in batches) == 4 and ds.skipped == 2 + 3  # index 1 skips two files, 2 one
+
+
+def test_augmentation_is_identical_for_any_number_of_workers(tmp_path):
+    ds = ImageFolder(make_folder(tmp_path, per_class=4), train_transform(24, IMAGENET_MEAN, IMAGENET_STD))
+
+    def epochs(workers):
+        loader = build_loader(ds, 4, train=True, workers=workers, seed=7)
+        out = []
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            out.append(torch.cat([x for x, _ in loader]))
+        return out
+
+    serial, parallel = epochs(0), epochs(2)
+    assert all(torch.equal(a, b) for a, b in zip(serial, parallel))
+    assert serial[0].shape == (12, 3, 24, 24) and not torch.equal(serial[0], serial[1])
+
+
+def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path):
+    out = export_folder("mnist5k", tmp_path / "mnist", split="test")
+    data = load_builtin("mnist5k", "test")
+    ds = ImageFolder(out / "test", eval_transform(28, data.mean, data.std, crop_pct=1.0, uint8=True))
+    assert ds.classes == [str(c) for c in range(10)] and len(ds) == 1000
+    for k in range(0, 1000, 7):
+        x, label = ds[k]
+        i = int(Path(ds.samples[k][0]).stem)  # files are named by their index in the built-in split
+        assert torch.equal(x, data.images[i]) and label == int(data.labels[i])
+    # Through build_dataset and the normalized path as well.
+    cfg = types.SimpleNamespace(dataset="folder", path=str(out), image_size=28, channels=1, mean=data.mean,
+                                std=data.std, crop_pct=1.0, skip_corrupt=False, num_classes=10)
+    folder = build_dataset(cfg, "test")
+    x, label = folder[5]
+    i = int(Path(folder.samples[5][0]).stem)
+    torch.testing.assert_close(x, data[i][0])
+    assert label == data[i][1]
+
+
+def test_build_dataset_folder_needs_a_val_or_test_split(tmp_path):
+    make_folder(tmp_path / "train")
+    cfg = types.SimpleNamespace(dataset="folder", path=str(tmp_path), image_size=16)
+    assert len(build_dataset(cfg, "train")) == 9
+    with pytest.raises(DataError, match="no val/ or test/"):
+        build_dataset(cfg, "test")
+    make_folder(tmp_path / "val")
+    assert build_dataset(cfg, "test")[0][0].shape == (3, 16, 16)

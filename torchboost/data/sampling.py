@@ -1,0 +1,87 @@
+"""Per-rank sample order, and the per-sample random stream that makes augmentation reproducible.
+
+Augmentation randomness must be a pure function of (seed, epoch, sample index), so that results do not
+depend on the number of workers and resume is exact. Worker processes (persistent ones included) cannot see
+an epoch counter set in the main process afterwards, so the sampler hands it over *with each index*:
+it yields `SampleIndex` objects, ints that also carry `seed` and `epoch`. Datasets index with them as
+plain ints and call `sample_rng(index)` for their random draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+
+class SampleIndex(int):
+    """A dataset index that also carries the (seed, epoch) its augmentation is drawn from."""
+
+    seed: int
+    epoch: int
+
+    def __new__(cls, index: int, seed: int = 0, epoch: int = 0) -> SampleIndex:
+        obj = super().__new__(cls, index)
+        obj.seed, obj.epoch = seed, epoch
+        return obj
+
+    def __reduce__(self):  # indices travel to worker processes pickled
+        return SampleIndex, (int(self), self.seed, self.epoch)
+
+
+def sample_rng(index: int) -> np.random.Generator:
+    """The random stream of one sample: seeded by (seed, epoch, index) for a SampleIndex. A plain int (from
+    another sampler) gets a stream drawn from torch's global RNG, as torchvision transforms do: fresh every
+    epoch, reproducible only for a fixed worker count."""
+    if isinstance(index, SampleIndex):
+        return np.random.default_rng((index.seed, index.epoch, int(index)))
+    return np.random.default_rng(int(torch.randint(2**62, ())))
+
+
+class ShardSampler(Sampler[SampleIndex]):
+    """This rank's share of `range(n)` for one epoch.
+
+    Shuffling uses a torch.Generator seeded with seed + epoch, so every rank draws the same permutation
+    and takes positions rank::world_size of it. drop_last=True (training) first cuts the permutation to a
+    multiple of world_size so all ranks yield the same count; drop_last=False (evaluation) covers every
+    sample exactly once across ranks, without padding (shard lengths may differ by one).
+    """
+
+    def __init__(self, n: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        self.n, self.rank, self.world_size = n, rank, world_size
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Select the epoch; `skip` drops this rank's first samples (already consumed before a resume)."""
+        self.epoch, self.skip = epoch, skip
+
+    @property
+    def num_samples(self) -> int:
+        """Length of this rank's full shard (before `skip`)."""
+        if self.drop_last:
+            return self.n // self.world_size
+        return len(range(self.rank, self.n, self.world_size))
+
+    def _shard(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g)
+        else:
+            order = torch.arange(self.n)
+        if self.drop_last:
+            order = order[: self.num_samples * self.world_size]
+        return order[self.rank :: self.world_size][self.skip :].tolist()
+
+    def __iter__(self) -> Iterator[SampleIndex]:
+        seed, epoch = self.seed, self.epoch
+        return (SampleIndex(i, seed, epoch) for i in self._shard())
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current epoch (the shard minus `skip`)."""
+        return max(0, self.num_samples - self.skip)

@@ -1,0 +1,37 @@
+"""Synthetic images for throughput runs: deterministic, free to generate, no files."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from torchboost.data.tensors import TensorImageDataset
+
+UNIFORM_STD = math.sqrt((256**2 - 1) / 12) / 255  # std of uniform integers 0..255, on the 0..1 scale
+
+
+class SyntheticImages(TensorImageDataset):
+    """`n` random uint8 images with uniform random labels, all drawn from `seed`.
+
+    Only a pool of min(n, pool) images is stored (sample i shows pool image i % pool), so a 1.28M-sample
+    "ImageNet" costs a few MB; fetching a batch costs what it costs for any TensorImageDataset.
+    """
+
+    def __init__(self, n: int, num_classes: int, channels: int = 3, size: int = 224, seed: int = 0,
+                 uint8: bool = False, pool: int = 64) -> None:
+        g = torch.Generator().manual_seed(seed)
+        images = torch.randint(0, 256, (min(n, pool), channels, size, size), generator=g, dtype=torch.uint8)
+        labels = torch.randint(0, num_classes, (n,), generator=g)
+        super().__init__(images, labels[: len(images)], [str(c) for c in range(num_classes)],
+                         (0.5,) * channels, (UNIFORM_STD,) * channels, uint8)
+        self.labels, self.n = labels, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = np.asarray(indices, dtype=np.int64)
+        return self._batch(rows % len(self.images), rows)

@@ -1,0 +1,166 @@
+"""Training and evaluation transforms with Pillow + torch (torchvision cannot load on this CPU torch).
+
+Geometry follows torchvision: RandomResizedCrop's sampling, Resize of the shorter side, centre crop, and
+Pillow's antialiased bilinear resize. JPEGs are decoded in Pillow's draft mode at the largest 1/2, 1/4 or
+1/8 reduction whose crop region still covers the output size, so large photos skip most decode work.
+
+A transform is called as `transform(img, rng)` with an opened but not yet decoded PIL image (draft mode
+only works before decoding) and the sample's random stream (see `sampling.sample_rng`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from torchboost.errors import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BILINEAR = Image.Resampling.BILINEAR
+
+
+def norm_coeffs(mean: Sequence[float], std: Sequence[float], device: torch.device | str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, shift), each C×1×1, such that x_uint8 * scale - shift == (x / 255 - mean) / std."""
+    m = torch.tensor(mean, dtype=torch.float64).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float64).view(-1, 1, 1)
+    return (1 / (255 * s)).float().to(device), (m / s).float().to(device)
+
+
+def normalize_batch(x: torch.Tensor, mean: Sequence[float], std: Sequence[float],
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Normalize a uint8 N×C×H×W batch on its own device: workers then ship 4× fewer bytes than float32."""
+    scale, shift = norm_coeffs(mean, std, x.device)
+    return x.float().mul_(scale).sub_(shift).to(dtype)  # float32 math, then cast (bf16 would lose bits)
+
+
+def rrc_params(width: int, height: int, rng: np.random.Generator, scale: tuple[float, float] = (0.08, 1.0),
+               ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params: (top, left, height, width) of the crop box."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            return top, left, h, w
+    # Fallback: the whole image, cut to the nearest allowed aspect ratio, centred.
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def draft_scale(region_w: float, region_h: float, out_w: int, out_h: int) -> int:
+    """Largest JPEG reduction (8, 4, 2 or 1) that keeps a region_w × region_h region ≥ out_w × out_h."""
+    limit = min(region_w / out_w, region_h / out_h)
+    return next((s for s in (8, 4, 2) if s <= limit), 1)
+
+
+def decode(img: Image.Image, mode: str, scale: int = 1) -> tuple[Image.Image, int]:
+    """Decode `img` in `mode`, reduced by `scale` where the format allows it (JPEG); returns (image, scale
+    actually applied). Full-size coordinates map to the result by dividing by that scale."""
+    w, h = img.size
+    # Asking for (w // s, h // s) makes Pillow pick exactly s (it takes the largest s ≤ w // request).
+    drafted = img.draft(mode, (w // scale, h // scale) if scale > 1 else None)
+    applied = 1 if drafted is None else round(w / drafted[1][2])
+    return (img if img.mode == mode else img.convert(mode)), applied
+
+
+def resize_region(img: Image.Image, box: tuple[float, float, float, float], size: tuple[int, int]
+                  ) -> Image.Image:
+    """Crop then resize a (possibly fractional) box, like torchvision's crop + resize: cropping first keeps
+    pixels outside the box out of the filter; the fractional remainder goes to Pillow's resize box."""
+    left, top, right, bottom = box
+    crop = (int(left), int(top), math.ceil(right), math.ceil(bottom))
+    sub = (left - crop[0], top - crop[1], right - crop[0], bottom - crop[1])
+    return img.crop(crop).resize(size, BILINEAR, box=sub)
+
+
+class _Transform:
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], uint8: bool) -> None:
+        if len(mean) != len(std) or len(mean) not in (1, 3):
+            raise ConfigError(f"mean {tuple(mean)} and std {tuple(std)} must both have 1 or 3 values",
+                              "give one value per image channel")
+        self.size, self.mean, self.std, self.uint8 = size, tuple(mean), tuple(std), uint8
+        self.mode = "L" if len(mean) == 1 else "RGB"
+        self._scale, self._shift = norm_coeffs(mean, std)
+
+    def to_tensor(self, img: Image.Image) -> torch.Tensor:
+        """C×H×W uint8 (uint8=True) or normalized float32."""
+        # numpy: its HWC -> CHW copy is ~2x faster than torch's permute().contiguous() on uint8, and it never
+        # opens an OpenMP region (which waits for a free core on a busy machine; see tensors.py).
+        a = np.asarray(img)
+        x = np.array(a[None] if a.ndim == 2 else a.transpose(2, 0, 1), order="C")
+        if not self.uint8:
+            x = x.astype(np.float32)
+            x *= self._scale.numpy()
+            x -= self._shift.numpy()
+        return torch.from_numpy(x)
+
+
+class TrainTransform(_Transform):
+    """RandomResizedCrop(size, scale, ratio) + horizontal flip + normalize, drawn from the sample's rng."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float],
+                 scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 flip_p: float = 0.5, uint8: bool = False) -> None:
+        super().__init__(size, mean, std, uint8)
+        self.scale, self.ratio, self.flip_p = scale, ratio, flip_p
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        rng = np.random.default_rng() if rng is None else rng
+        top, left, h, w = rrc_params(img.width, img.height, rng, self.scale, self.ratio)
+        flip = rng.random() < self.flip_p  # drawn after the crop, like torchvision's Compose order
+        img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
+        out = resize_region(img, (left / s, top / s, (left + w) / s, (top + h) / s), (self.size, self.size))
+        return self.to_tensor(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out)
+
+
+class EvalTransform(_Transform):
+    """Resize the shorter side to int(size / crop_pct), centre-crop size × size, normalize."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
+                 uint8: bool = False) -> None:
+        if not 0 < crop_pct <= 1:
+            raise ConfigError(f"crop_pct {crop_pct} is outside (0, 1]", "use e.g. data.crop_pct=0.875")
+        super().__init__(size, mean, std, uint8)
+        self.resize = int(size / crop_pct)
+
+    def geometry(self, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+        """(resized width, height) and the centre-crop box (left, top, right, bottom), as torchvision."""
+        short, long = min(width, height), max(width, height)
+        new_long = int(self.resize * long / short)
+        nw, nh = (self.resize, new_long) if width <= height else (new_long, self.resize)
+        left, top = int(round((nw - self.size) / 2.0)), int(round((nh - self.size) / 2.0))
+        return (nw, nh), (left, top, left + self.size, top + self.size)
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        (nw, nh), crop = self.geometry(img.width, img.height)
+        full_w, full_h = img.size
+        img, s = decode(img, self.mode, draft_scale(full_w, full_h, nw, nh))
+        return self.to_tensor(resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh)).crop(crop))
+
+
+def train_transform(size: int, mean: Sequence[float], std: Sequence[float], **kw) -> TrainTransform:
+    """RandomResizedCrop scale (0.08, 1) ratio (3/4, 4/3) + flip + normalize (see TrainTransform)."""
+    return TrainTransform(size, mean, std, **kw)
+
+
+def eval_transform(size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
+                   **kw) -> EvalTransform:
+    """Resize shorter side to size / crop_pct, centre crop, normalize (see EvalTransform)."""
+    return EvalTransform(size, mean, std, crop_pct, **kw)
