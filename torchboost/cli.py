@@ -207,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: TorchboostError) -> str:
+    """An error raised in a DataLoader worker comes back wrapped in torch's traceback text; its last line
+    holds the original `Type: what — fix`."""
+    lines = str(e).strip().splitlines()
+    if len(lines) <= 1:
+        return str(e)
+    last = lines[-1]
+    return last.split(": ", 1)[1] if last.startswith("torchboost.errors.") else last
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -219,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TorchboostError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: the last checkpoint is intact; continue with --resume", file=sys.stderr)

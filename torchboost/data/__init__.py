@@ -60,10 +60,11 @@ def _folder(cfg: Any, split: str) -> ImageFolder:
     if len(mean) != channels or len(std) != channels:
         raise ConfigError(f"data.channels={channels} needs data.mean and data.std with {channels} values each",
                           "set data.channels to 1 or 3 and matching data.mean / data.std")
+    uint8 = bool(_get(cfg, "normalize_on_device", False))
     if split == "train":
-        transform = train_transform(size, mean, std)
+        transform = train_transform(size, mean, std, uint8=uint8)
     else:
-        transform = eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875))
+        transform = eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875), uint8=uint8)
     return ImageFolder(_split_dir(_path(cfg), split), transform, bool(_get(cfg, "skip_corrupt", False)))
 
 
@@ -86,14 +87,16 @@ def _check_tensor_set(cfg: Any, ds: TensorImageDataset) -> None:
 def build_dataset(cfg: Any, split: str) -> Dataset:
     """The `split` ("train" or "test"; "valid" for paddle_json) of the data set described by a DataConfig
     (any object with its attributes; unset ones may be None). Reads dataset, path, image_size, channels,
-    mean, std, crop_pct, skip_corrupt, num_classes, synthetic_size."""
+    mean, std, crop_pct, skip_corrupt, num_classes, synthetic_size, normalize_on_device (uint8 batches that
+    the trainer normalizes on its device with the dataset's mean/std)."""
     kind = _get(cfg, "dataset")
     if kind == "folder":
         ds: Any = _folder(cfg, split)
     elif kind == "synthetic":
         n = _get(cfg, "synthetic_size", 1024)
         ds = SyntheticImages(n if split == "train" else max(1, n // 10), _get(cfg, "num_classes", 1000),
-                             _get(cfg, "channels", 3), _get(cfg, "image_size", 224), seed=int(split != "train"))
+                             _get(cfg, "channels", 3), _get(cfg, "image_size", 224), seed=int(split != "train"),
+                             uint8=bool(_get(cfg, "normalize_on_device", False)))
     elif kind in ("mnist5k", "digits", "mnist_idx", "paddle_json"):
         if kind == "mnist_idx":
             ds = load_mnist_idx(_path(cfg), split)
@@ -102,6 +105,7 @@ def build_dataset(cfg: Any, split: str) -> Dataset:
         else:
             ds = load_builtin(kind, split)
         _check_tensor_set(cfg, ds)
+        ds.uint8 = bool(_get(cfg, "normalize_on_device", False))
     else:
         raise ConfigError(f"unknown data.dataset {kind!r}", f"use one of {', '.join(DATASETS)}")
     if _get(cfg, "num_classes", len(ds.classes)) < len(ds.classes):

@@ -86,7 +86,9 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
                   lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
                   clip_global_norm=cfg.train.clip_global_norm, clip_value=cfg.train.clip_value,
                   accumulation_steps=cfg.train.accumulation_steps, ema=ema, hooks=hooks,
-                  channels_last=cfg.model.channels_last, per_batch_accuracy=cfg.train.per_batch_accuracy)
+                  channels_last=cfg.model.channels_last, per_batch_accuracy=cfg.train.per_batch_accuracy,
+                  input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
+                  compile=cfg.model.compile)
     model.extra_state = {"config": cfg.to_dict(), "classes": list(train_ds.classes)}
     if resume:
         ckpt = model.load_checkpoint(resume)
