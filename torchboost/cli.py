@@ -22,7 +22,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     result = train_from_config(cfg, resume=args.resume, output=args.output, profile=args.profile)
     acc = result.eval_results.get("val_top_1_accuracy")
-    if acc is not None:
+    if acc is not None and result.is_main:
         print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
     return 0
 

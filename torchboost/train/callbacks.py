@@ -257,7 +257,13 @@ class ProgressBar(Callback):
         if self.enabled and is_main_process():
             from tqdm import tqdm
 
-            state.log_fn = tqdm.write  # keep log lines from tearing the bar
+            log = state.log_fn
+
+            def write(msg: str) -> None:  # keep log lines from tearing the bar
+                with tqdm.external_write_mode():
+                    log(msg)
+
+            state.log_fn = write
 
     def on_train_epoch_begin(self, state: TrainState) -> None:
         if self.enabled and is_main_process():

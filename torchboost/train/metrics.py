@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from .. import dist
 
 METRIC_NAMES = ("top_1_accuracy", "top_5_accuracy", "loss")
 
@@ -37,9 +38,7 @@ class MetricAccumulator:
         self._sums += batch.cpu()
 
     def compute(self) -> dict[str, float]:
-        sums = self._sums.clone()
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums)
+        sums = dist.all_reduce_sum(self._sums.clone())  # no-op in one process; NCCL-safe device handling
         n = max(sums[3].item(), 1.0)
         values = {"loss": sums[0].item() / n, "top_1_accuracy": sums[1].item() / n,
                   "top_5_accuracy": sums[2].item() / n}

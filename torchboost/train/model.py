@@ -9,7 +9,7 @@ import itertools
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -132,13 +132,15 @@ class Model:
 
     # --- training -------------------------------------------------------------------------------------
     def train(self, epochs: int, train_data: Iterable, callbacks: Sequence[Callback] = (),
-              eval_data: Optional[Iterable] = None, eval_every: int = 1) -> TrainState:
-        """Train for `epochs` epochs in total (a resumed run counts the epochs already done)."""
+              eval_data: Optional[Iterable] = None, eval_every: int = 1, log_fn: Callable[[str], None] = print
+              ) -> TrainState:
+        """Train for `epochs` epochs in total (a resumed run counts the epochs already done). Callbacks'
+        messages go through `log_fn` (the CLI sends them to rank 0's terminal and every rank's worklog)."""
         if self.train_step is None:
             raise ConfigError("Model.train needs a loss_fn and an optimizer", "pass them to Model(...)")
         k = self.accumulation_steps
         steps_per_epoch = math.ceil(len(train_data) / k)
-        state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch)
+        state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch, log_fn=log_fn)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip_batches = self._resume_position(state)
         callbacks = list(callbacks)
@@ -252,5 +254,6 @@ def _per_sample_loss(loss_fn: nn.Module, logits: torch.Tensor, y: torch.Tensor) 
 
 
 def _format_eval(epoch: int, results: dict) -> str:
-    parts = [f"{k}={v:.4f}" for k, v in results.items() if k.startswith(("val_", "train_")) and k != "train_time_s"]
+    parts = [f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()
+             if k.startswith(("val_", "train_")) and k != "train_time_s"]
     return f"epoch: {epoch + 1} " + " ".join(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class RunResult:
     last_checkpoint: Optional[Path]
     eval_results: dict
     epochs_done: int
+    is_main: bool = True
 
 
 def output_dir(cfg: Config, override: Optional[str] = None) -> Path:
@@ -38,10 +40,23 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
     """Train as the recipe says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
     torch.profiler trace of a few steps ("" = OUTPUT/profile)."""
     info = dist.init_distributed(timeout_s=cfg.dist.timeout_s)
+    out = output_dir(cfg, output)
+    handler = dist.open_worklog(out / "log", info.rank) if info.world_size > 1 else None
+    logger = logging.getLogger("torchboost")
+
+    def log_all(msg: str) -> None:  # every rank keeps its own worklog; rank 0 also prints
+        if info.is_main:
+            log(msg)
+        logger.info(msg)
+
     try:
-        return _train(cfg, info, resume, output, log if info.is_main else (lambda *_: None), profile)
+        with dist.guard("training"):
+            return _train(cfg, info, resume, output, log_all, profile)
     finally:
         dist.shutdown()
+        if handler is not None:
+            logger.removeHandler(handler)
+            handler.close()
 
 
 def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
@@ -72,9 +87,10 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
                                  world_size=info.world_size)
         log(plan.describe())
     ema = build_ema(cfg, net)
-    lr = effective_lr(cfg, info.world_size)
-    optimizer = build_optimizer(cfg, net, lr)
     adasum = any(type(h).__name__ == "AdasumHook" for h in hooks)
+    # Adasum sums orthogonal deltas and averages parallel ones: Horovod advises against linear LR scaling.
+    lr = effective_lr(cfg, 1 if adasum else info.world_size)
+    optimizer = build_optimizer(cfg, net, lr)
     wrapped = net
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
         wrapped = dist.wrap_ddp(net, info, bucket_cap_mb=cfg.dist.bucket_cap_mb,
@@ -115,12 +131,11 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
         f"for {cfg.train.epochs} epochs on {device}, {info.world_size} process(es), "
         f"{steps_per_epoch} updates/epoch, lr {lr:g}")
     state = model.train(cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
-                        eval_every=cfg.train.eval_every)
-    state.log_fn = log
+                        eval_every=cfg.train.eval_every, log_fn=log)
     if is_main_process():
         log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
             f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
-    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1)
+    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, info.is_main)
 
 
 def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Config, dict]:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import dist
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import LossScaleManager
@@ -147,7 +148,9 @@ class TrainStep:
             return False
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
         self.last_grad_norm = norm
-        return not bool(torch.isfinite(norm))
+        # Every rank must drop the same updates: without DDP averaging (Adasum, THOR's collectives) one
+        # rank overflowing alone would leave the others waiting in a collective until the timeout.
+        return dist.any_rank(not bool(torch.isfinite(norm)))
 
     def clip(self) -> None:
         params = self.params_with_grad()

@@ -1,0 +1,254 @@
+"""Data-parallel plumbing over torch.distributed: init from the torchrun environment, rank helpers,
+reductions, per-rank log files, error translation and a clean shutdown.
+
+Every helper also works in a single process (no process group): reductions return their input, the
+barrier is a no-op, rank 0 of 1 is main. DDP wrapping is in `dist_ddp.py`, the in-process launcher in
+`dist_launch.py`; both are re-exported here.
+
+Launching (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT):
+    one machine:   torchrun --nproc_per_node=4 -m torchboost train ...
+    two machines:  on each, with NODE_RANK 0 on the machine at 10.0.0.1 and 1 on the other:
+                   torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=8 \
+                       --master_addr=10.0.0.1 --master_port=29500 -m torchboost train ...
+    elastic:       torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d \
+                       --rdzv-endpoint=10.0.0.1:29500 --rdzv-id=job42 --max-restarts=3 -m torchboost train ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchboost.errors import DistributedError
+
+log = logging.getLogger("torchboost.dist")
+
+# Substrings of the RuntimeErrors gloo/NCCL raise when a peer dies or a collective times out; torch
+# raises them as plain RuntimeError (not DistError), so they are recognised by message.
+_BACKEND_MARKERS = ("gloo", "nccl", "connection closed", "timed out", "processgroup", "c10d")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job. `backend` is None when there is no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    is_main: bool = True
+    backend: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+_INFO = DistInfo()
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise DistributedError(f"environment variable {name} is not set",
+                                   "launch with torchrun, which sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*")
+        return default
+    return int(value)
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300) -> DistInfo:
+    """Join the job described by the torchrun environment, or run as one process outside torchrun.
+
+    backend None picks nccl when CUDA is available, else gloo. `timeout_s` bounds every collective:
+    a rank that dies or hangs makes the others fail with DistributedError after at most that long.
+    Calling it again returns the same DistInfo.
+    """
+    global _INFO
+    if dist.is_available() and dist.is_initialized():
+        return _INFO
+    cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        _INFO = DistInfo(device=torch.device("cuda", 0) if cuda else torch.device("cpu"))
+        return _INFO
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    _env_int("MASTER_PORT")  # fail early with a readable message instead of inside the rendezvous
+    backend = backend or ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise DistributedError("backend nccl needs CUDA, which this machine lacks",
+                               "use backend gloo (or leave it unset) on CPU")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if backend == "nccl" else None)
+    except Exception as e:  # rendezvous failures come as several torch exception types
+        raise DistributedError(f"rank {rank} could not join the {world}-process job: {e}",
+                               "check MASTER_ADDR/MASTER_PORT and that every rank was started") from e
+    _INFO = DistInfo(rank, world, local_rank, local_world, device, rank == 0, backend)
+    log.info("rank %d/%d (local %d/%d) joined with %s on %s",
+             rank, world, local_rank, local_world, backend, device)
+    return _INFO
+
+
+def info() -> DistInfo:
+    """The DistInfo of the last `init_distributed` (single-process defaults before it)."""
+    return _INFO
+
+
+def is_main() -> bool:
+    return get_rank() == 0
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _is_backend_error(e: BaseException) -> bool:
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e).lower() for m in _BACKEND_MARKERS)
+
+
+@contextlib.contextmanager
+def guard(what: str = "a collective operation") -> Iterator[None]:
+    """Turn the errors gloo/NCCL raise when a peer dies or hangs into one clear DistributedError.
+
+    Wrap the training loop with it (DDP's all-reduces run inside backward); the helpers here use it.
+    """
+    try:
+        yield
+    except Exception as e:
+        if not _is_backend_error(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistributedError(
+            f"rank {get_rank()} lost its peers during {what} (a rank died, hung or timed out): {first}",
+            "see the other ranks' worklog.<rank> for the cause; rerun with --resume to continue "
+            "from the last checkpoint") from e
+
+
+def _comm_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    # NCCL reduces only CUDA tensors; metric counters often live on the CPU.
+    if dist.get_backend() == "nccl" and tensor.device.type != "cuda":
+        return tensor.to(_INFO.device)
+    return tensor
+
+
+def barrier() -> None:
+    if _active():
+        with guard("barrier"):
+            dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over all ranks, in place; returns it (unchanged in a single process)."""
+    if _active():
+        with guard("all_reduce"):
+            comm = _comm_tensor(tensor)
+            dist.all_reduce(comm)
+            if comm is not tensor:
+                tensor.copy_(comm)
+    return tensor
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Average a floating `tensor` over all ranks, in place; returns it."""
+    return all_reduce_sum(tensor).div_(get_world_size())
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on at least one: e.g. a loss-scale overflow, which every
+    rank must skip together when gradients are not averaged first (Adasum: per-rank gradients)."""
+    if not _active():
+        return flag
+    return all_reduce_sum(torch.tensor([float(flag)])).item() > 0
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s picklable `obj` on every rank (for small trusted values: configs, paths, seeds)."""
+    if not _active():
+        return obj
+    box = [obj]
+    with guard("broadcast_object"):
+        dist.broadcast_object_list(box, src=src, device=_INFO.device if dist.get_backend() == "nccl" else None)
+    return box[0]
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Copy rank `src`'s parameters and buffers to every rank (DDP does this itself; Adasum needs it)."""
+    if not _active():
+        return
+    with guard("broadcast_module"):
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=src)
+
+
+def open_worklog(log_dir: str | Path, rank: int) -> logging.FileHandler:
+    """Send the `torchboost` logger of this rank to `log_dir/worklog.<rank>`; returns the handler.
+
+    Each rank writes its own file so a crash on one rank leaves its trace there (remove the handler
+    from logging.getLogger("torchboost") and close it when done).
+    """
+    path = Path(log_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path / f"worklog.{rank}", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("torchboost")
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    return handler
+
+
+def shutdown(timeout_s: float = 60) -> None:
+    """Leave the job cleanly: gc, a bounded barrier, destroy the process group.
+
+    Drop references to the DDP model and optimizer first: gloo aborts the process at exit
+    ("terminate called without an active exception") when its process group dies while DDP's
+    reducer still holds work on it. A barrier that fails (dead peer) is logged, not raised, so an
+    error path can still call this.
+    """
+    global _INFO
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        try:
+            work = dist.barrier(async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as e:  # a dead peer must not turn a clean exit into a crash
+            log.warning("shutdown barrier failed on rank %d: %s", get_rank(), str(e).splitlines()[0])
+        dist.destroy_process_group()
+    _INFO = DistInfo()
+
+
+from torchboost.dist_ddp import fusion_bucket_caps_mb, unwrap, wrap_ddp  # noqa: E402  (re-export)
+from torchboost.dist_launch import launch  # noqa: E402  (re-export)
+
+__all__ = ["DistInfo", "init_distributed", "info", "is_main", "get_rank", "get_world_size", "guard",
+           "barrier", "all_reduce_sum", "all_reduce_mean", "any_rank", "broadcast_object", "broadcast_module",
+           "open_worklog", "shutdown", "wrap_ddp", "unwrap", "fusion_bucket_caps_mb", "launch"]
