@@ -47,9 +47,10 @@ def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Opt
                               "write e.g. {'layer4.*': 1e-4}")
     if o.name in ("sgd", "adamw"):
         groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.weight_decay_groups)
+        # fused kernels: 2.0-2.3x faster than foreach for ResNet-50's update on this CPU (BENCHMARKS.md)
         if o.name == "adamw":
-            return torch.optim.AdamW(groups, lr=lr, foreach=True)
-        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, foreach=True)
+            return torch.optim.AdamW(groups, lr=lr, fused=True)
+        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, fused=True)
     if o.name == "thor":
         if o.weight_decay_groups:
             raise ConfigError("optim.weight_decay_groups is not supported with THOR",

@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
     g.add_argument("--json", metavar="OUT.json")
     g.set_defaults(func=_cmd_debug_layers)
+
+    from .bench import add_arguments, cmd_bench  # light: torch is imported by the package already
+
+    b = sub.add_parser("bench", help="training-step and data-pipeline images/s, and which one limits")
+    add_arguments(b)
+    b.set_defaults(func=cmd_bench)
     return p
 
 

@@ -1,0 +1,117 @@
+"""Throughput fast paths keep correctness, and `torchboost bench` reports coherent numbers."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchboost.bench import BenchOptions, add_arguments, diagnose, run_bench
+from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, SyntheticImages, build_loader, normalize_batch,
+                             train_transform)
+from torchboost.data.builtin import load_builtin
+from torchboost.errors import ConfigError
+from torchboost.models import create_model
+from torchboost.train.model import Model
+from torchboost.train.step import prepare_input
+
+
+def test_bf16_channels_last_uint8_training_converges_on_mnist5k():
+    torch.manual_seed(0)
+    train, test = load_builtin("mnist5k", "train"), load_builtin("mnist5k", "test")
+    train.uint8 = test.uint8 = True  # every fast path at once: uint8 batches normalized by the step
+    net = create_model("mnist_cnn", num_classes=10, in_chans=1)
+    seen = []
+    net.conv2.register_forward_hook(lambda m, i, o: seen.append((o.dtype, o.is_contiguous(
+        memory_format=torch.channels_last))))
+    opt = torch.optim.Adam(net.parameters(), lr=2e-3, foreach=True)
+    model = Model(net, torch.nn.CrossEntropyLoss(), opt, amp_level="O1", amp_dtype=torch.bfloat16,
+                  channels_last=True, input_norm=(train.mean, train.std), device="cpu")
+    model.train(1, build_loader(train, 32, True, seed=0))  # 125 updates
+    assert seen[0] == (torch.bfloat16, True)  # the fast paths really ran
+    acc = model.eval(build_loader(test, 500, False))["top_1_accuracy"]
+    assert acc > 0.92, acc  # fp32 NCHW reaches 0.95 with these settings
+
+
+def test_uint8_on_device_normalization_equals_float_path():
+    uint8 = SyntheticImages(16, 10, 3, 32, seed=3, uint8=True)
+    floats = SyntheticImages(16, 10, 3, 32, seed=3)
+    uint8.set_stats(IMAGENET_MEAN, IMAGENET_STD)
+    floats.set_stats(IMAGENET_MEAN, IMAGENET_STD)
+    xu, _ = next(iter(build_loader(uint8, 16, False)))
+    xf, _ = next(iter(build_loader(floats, 16, False)))
+    assert xu.dtype == torch.uint8 and xu.element_size() * 4 == xf.element_size()
+    on_device = prepare_input(xu, torch.device("cpu"), True, (IMAGENET_MEAN, IMAGENET_STD))
+    m = torch.tensor(IMAGENET_MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    s = torch.tensor(IMAGENET_STD, dtype=torch.float64).view(1, 3, 1, 1)
+    reference = (xu.double() / 255 - m) / s  # the formula, in float64
+    assert on_device.is_contiguous(memory_format=torch.channels_last)
+    assert (on_device.double() - reference).abs().max() <= 1e-6
+    assert (on_device - xf).abs().max() <= 1e-6
+
+
+def test_uint8_transform_then_device_normalization_equals_float_transform():
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    as_uint8 = train_transform(24, IMAGENET_MEAN, IMAGENET_STD, uint8=True)(img, np.random.default_rng(5))
+    as_float = train_transform(24, IMAGENET_MEAN, IMAGENET_STD)(img, np.random.default_rng(5))
+    assert as_uint8.dtype == torch.uint8
+    assert (normalize_batch(as_uint8[None], IMAGENET_MEAN, IMAGENET_STD)[0] - as_float).abs().max() <= 1e-6
+
+
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_images")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / f"class{c}").mkdir()
+        for i in range(10):
+            pixels = rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.jpg", quality=90)
+    return root
+
+
+def test_run_bench_both_modes_on_a_tiny_model(jpeg_folder):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "mnist_cnn", "--image-size", "28", "--batch-size", "8", "--steps", "3",
+                              "--warmup", "1", "--num-classes", "10", "--data", str(jpeg_folder),
+                              "--workers", "0,1", "--device", "cpu", "--precision", "bf16", "--channels-last"])
+    result, table = run_bench(args)
+    assert result["options"]["mode"] == "both"  # the default once a folder is given
+    train = result["train"]
+    assert len(train["step_s"]) == 3 and all(t > 0 for t in train["step_s"])
+    assert math.isclose(train["images_per_s"], 8 / float(np.median(train["step_s"])))
+    assert [row["workers"] for row in result["data"]] == [0, 1]
+    assert all(0 < row["images_per_s"] < math.inf for row in result["data"])
+    best = max(result["data"], key=lambda r: r["images_per_s"])
+    assert result["both"]["workers"] == 1  # the only count that overlaps loading with the step
+    assert 0 <= result["both"]["data_wait_share"] <= 1 and result["both"]["images_per_s"] > 0
+    expected = "data" if best["images_per_s"] < train["images_per_s"] else "step"
+    assert result["limiter"] == expected
+    assert "train step" in table and "limiter:" in table and table.count("data, ") == 2
+
+
+def test_bench_options_refuse_data_modes_without_a_folder():
+    with pytest.raises(ConfigError, match="needs an image folder"):
+        run_bench({"mode": "data", "model": "mnist_cnn"})
+    with pytest.raises(ConfigError, match="precision"):
+        BenchOptions.from_params({"precision": "int8"})
+
+
+def test_diagnose_names_the_slower_side():
+    limiter, advice = diagnose(step_ips=300.0, data_ips={0: 50.0, 2: 100.0})
+    assert limiter == "data"
+    assert "about 6 workers" in advice  # 100 img/s from 2 workers = 50 per worker; 300 / 50 = 6
+    limiter, advice = diagnose(step_ips=300.0, data_ips={0: 80.0})
+    assert limiter == "data" and "about 4 workers" in advice  # the main process counts as one worker
+    limiter, advice = diagnose(step_ips=100.0, data_ips={0: 60.0, 4: 250.0})
+    assert limiter == "step" and "2.5x headroom at 4 workers" in advice and "waited" not in advice
+    limiter, advice = diagnose(step_ips=100.0, data_ips={4: 250.0}, wait_share=0.2, e2e_workers=4)
+    assert limiter == "step" and "waited 20%" in advice and "own cores" in advice
+    limiter, advice = diagnose(step_ips=100.0, data_ips={0: 250.0}, wait_share=0.3, e2e_workers=0)
+    assert "loading runs between steps" in advice

@@ -1,0 +1,274 @@
+"""`torchboost bench`: images/s of the training step (synthetic data), of the data pipeline alone (decode +
+augment per DataLoader worker count on an image folder) and of both together — and which of the two limits.
+
+The CLI registers `add_arguments(parser)` and calls `cmd_bench(args)` (or `run_bench(args)` for the result
+dict and the printed table). benchmarks/throughput.py compares settings side by side with `make_step`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, train_transform
+from .errors import ConfigError, DataError
+from .models import create_model, list_models
+from .train.model import Model, default_device
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = ("train", "data", "both")
+WAIT_WARN = 0.05  # DESIGN §8: data wait above 5% of the step is starvation
+
+
+@dataclass
+class BenchOptions:
+    """What to measure; the CLI's argparse Namespace carries the same names."""
+
+    model: str = "resnet50"
+    image_size: int = 224
+    batch_size: int = 32
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    steps: int = 20
+    warmup: int = 5
+    data: Optional[str] = None
+    workers: Sequence[int] = field(default_factory=lambda: [0, 2])
+    mode: Optional[str] = None  # None: "both" when a data folder is given, else "train"
+    num_classes: int = 1000
+    device: Optional[str] = None  # None: cuda when available
+
+    @classmethod
+    def from_params(cls, params: Any) -> BenchOptions:
+        """From a BenchOptions, a dict or any object with these attributes (unset/None ones take defaults)."""
+        get = params.get if isinstance(params, dict) else lambda k: getattr(params, k, None)
+        opts = cls(**{f.name: get(f.name) for f in fields(cls) if get(f.name) is not None})
+        opts.mode = opts.mode or ("both" if opts.data else "train")
+        if opts.precision not in PRECISIONS:
+            raise ConfigError(f"precision {opts.precision!r} is not one of {', '.join(PRECISIONS)}",
+                              "use fp32, bf16 or fp16")
+        if opts.mode not in MODES:
+            raise ConfigError(f"bench mode {opts.mode!r} is not one of {', '.join(MODES)}", "use train, data or both")
+        if opts.mode != "train" and not opts.data:
+            raise ConfigError(f"bench --mode {opts.mode} needs an image folder", "pass --data DIR (root/<class>/*.jpg)")
+        if min(opts.batch_size, opts.steps, opts.image_size) < 1 or opts.warmup < 0 or min(opts.workers, default=0) < 0:
+            raise ConfigError("batch size, steps and image size must be >= 1; warmup and workers >= 0",
+                              "fix --batch-size/--steps/--image-size/--warmup/--workers")
+        opts.workers = sorted(set(opts.workers)) or [0]
+        return opts
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `torchboost bench` options (names match BenchOptions)."""
+    d = BenchOptions()
+    parser.add_argument("--model", default=d.model, help=f"one of {', '.join(list_models())}")
+    parser.add_argument("--image-size", type=int, default=d.image_size)
+    parser.add_argument("--batch-size", "-b", type=int, default=d.batch_size)
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=d.precision,
+                        help="fp32; bf16 autocast; fp16 autocast with dynamic loss scaling")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last)
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile,
+                        help="torch.compile the model")
+    parser.add_argument("--steps", type=int, default=d.steps, help="timed steps/batches (the median step is reported)")
+    parser.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps/batches first")
+    parser.add_argument("--data", help="image folder (root/<class>/*.jpg or root/train/<class>/*.jpg)")
+    parser.add_argument("--workers", type=_int_list, default=d.workers, help="DataLoader worker counts, e.g. 0,2,4")
+    parser.add_argument("--mode", choices=MODES, help="train (synthetic), data, both (default: both with --data)")
+    parser.add_argument("--num-classes", type=int, default=d.num_classes)
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    parser.add_argument("--json", help="also write the result as JSON to this file")
+
+
+def _channels(model: str) -> int:
+    return 1 if model == "mnist_cnn" else 3
+
+
+def _stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,), (0.5,))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # kernels run asynchronously: read clocks only once they are done
+
+
+def build_model(opts: BenchOptions, device: torch.device,
+                optimizer: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None) -> Model:
+    """torchboost's Model with the options' fast paths; `optimizer(net)` defaults to momentum SGD with
+    foreach updates (as builders.py makes it)."""
+    channels = _channels(opts.model)
+    kw = {"image_size": opts.image_size} if opts.model == "mnist_cnn" else {}
+    net = create_model(opts.model, num_classes=opts.num_classes, in_chans=channels, **kw).to(device)
+    opt = optimizer(net) if optimizer else torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, foreach=True)
+    dtype = PRECISIONS[opts.precision]
+    amp = "O0" if dtype is None else "O2" if dtype == torch.float16 else "O1"  # O2 adds loss scaling for fp16
+    return Model(net, nn.CrossEntropyLoss(), opt, amp_level=amp, device=device, amp_dtype=dtype,
+                 channels_last=opts.channels_last, input_norm=_stats(channels), compile=opts.compile)
+
+
+def make_step(opts: BenchOptions, device: torch.device,
+              optimizer: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None
+              ) -> tuple[Callable[[], None], Model]:
+    """(one training update on a fixed synthetic batch, the Model). The batch is uint8 already on the
+    device and normalized there by the step (data.normalize_on_device), so only the step is measured."""
+    model = build_model(opts, device, optimizer)
+    data = SyntheticImages(opts.batch_size, opts.num_classes, _channels(opts.model), opts.image_size, uint8=True)
+    x, y = (t.to(device) for t in data.__getitems__(range(opts.batch_size)))
+    counter = itertools.count()
+    return (lambda: model.train_step([(x, y)], next(counter))), model
+
+
+def time_steps(step: Callable[[], None], steps: int, warmup: int, device: torch.device) -> list[float]:
+    """Wall seconds of each of `steps` calls, after `warmup` untimed ones (compilation, allocator, autotune)."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def folder_dataset(opts: BenchOptions) -> ImageFolder:
+    """The training transform (draft-mode decode, RandomResizedCrop, flip) shipping uint8 batches."""
+    root = Path(opts.data)
+    root = root / "train" if (root / "train").is_dir() else root
+    ds = ImageFolder(root, train_transform(opts.image_size, *_stats(_channels(opts.model)), uint8=True))
+    if len(ds) < opts.batch_size:
+        raise DataError(f"{root} has {len(ds)} images, fewer than one batch of {opts.batch_size}",
+                        "use a smaller --batch-size or a folder with more images")
+    return ds
+
+
+def _cycle(loader: Any) -> Iterator:
+    for epoch in itertools.count():  # small folders: keep going over epochs (persistent workers stay up)
+        loader.sampler.set_epoch(epoch)
+        yield from loader
+
+
+def data_rate(ds: ImageFolder, opts: BenchOptions, workers: int, pin: bool = False) -> float:
+    """Images/s the loader delivers with `workers` processes, after `warmup` batches (worker start-up)."""
+    batches = _cycle(build_loader(ds, opts.batch_size, True, workers=workers, pin_memory=pin))
+    for _ in range(max(1, opts.warmup)):
+        next(batches)
+    t0 = time.perf_counter()
+    for _ in range(opts.steps):
+        next(batches)
+    rate = opts.steps * opts.batch_size / (time.perf_counter() - t0)
+    batches.close()  # drops the loader: its workers shut down now, not while the next count is timed
+    return rate
+
+
+def end_to_end(model: Model, ds: ImageFolder, opts: BenchOptions, workers: int) -> dict[str, float]:
+    """The real loader feeding the step: images/s and the share of time spent waiting for batches."""
+    device = model.device
+    batches = _cycle(build_loader(ds, opts.batch_size, True, workers=workers, pin_memory=device.type == "cuda"))
+    wait = total = 0.0
+    for i in range(opts.warmup + opts.steps):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        t1 = time.perf_counter()
+        model.train_step([batch], i)
+        sync(device)
+        if i >= opts.warmup:
+            wait, total = wait + t1 - t0, total + time.perf_counter() - t0
+    batches.close()
+    return {"workers": workers, "images_per_s": opts.steps * opts.batch_size / total, "data_wait_share": wait / total}
+
+
+def diagnose(step_ips: float, data_ips: dict[int, float], wait_share: Optional[float] = None,
+             e2e_workers: Optional[int] = None) -> tuple[str, str]:
+    """("data" | "step", advice): data-bound when the best worker count delivers fewer images/s than the step
+    consumes. Worker needs are extrapolated linearly from the best count's per-worker rate."""
+    best_w = max(data_ips, key=data_ips.get)
+    best = data_ips[best_w]
+    if best < step_ips:
+        need = math.ceil(step_ips / (best / max(best_w, 1)))
+        advice = (f"data-bound: the loader delivers {best:.1f} img/s at {best_w} workers but the step takes "
+                  f"{step_ips:.1f} img/s; use about {need} workers (data.workers) on free cores, store images "
+                  "near the training size (draft decoding then skips more work); on CUDA ship uint8 batches "
+                  "(data.normalize_on_device=true) with pin_memory")
+        return "data", advice
+    advice = (f"step-bound: the loader has {best / step_ips:.1f}x headroom at {best_w} workers; speed up the step "
+              "(--precision bf16 --channels-last on CUDA or CPUs with AVX-512-bf16/AMX; --compile on CUDA)")
+    if wait_share is not None and wait_share > WAIT_WARN:
+        why = ("with 0 workers loading runs between steps: use data.workers >= 1" if e2e_workers == 0 else
+               "workers share CPU cores with the step: give the loader its own cores")
+        advice += f"; but end to end the step waited {wait_share:.0%} of the time for data ({why})"
+    return "step", advice
+
+
+def run_bench(params: Any) -> tuple[dict[str, Any], str]:
+    """Run what `params` (BenchOptions, argparse Namespace or dict) asks; returns (result dict, table)."""
+    opts = BenchOptions.from_params(params)
+    device = torch.device(opts.device) if opts.device else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {opts.device} but this torch sees no CUDA device", "use --device cpu")
+    result: dict[str, Any] = {"options": asdict(opts), "device": str(device), "threads": torch.get_num_threads()}
+    model = None
+    if opts.mode in ("train", "both"):
+        step, model = make_step(opts, device)
+        times = time_steps(step, opts.steps, opts.warmup, device)
+        median = statistics.median(times)
+        result["train"] = {"images_per_s": opts.batch_size / median, "step_s_median": median, "step_s": times}
+    if opts.mode in ("data", "both"):
+        ds = folder_dataset(opts)
+        rates = {w: data_rate(ds, opts, w, pin=device.type == "cuda") for w in opts.workers}
+        result["data"] = [{"workers": w, "images_per_s": r} for w, r in rates.items()]
+    if opts.mode == "both":
+        # Only worker processes overlap loading with the step: feed it from the best count > 0 if measured.
+        overlapped = {w: r for w, r in rates.items() if w > 0} or rates
+        workers = max(overlapped, key=overlapped.get)
+        result["both"] = end_to_end(model, ds, opts, workers)
+        result["limiter"], result["advice"] = diagnose(result["train"]["images_per_s"], rates,
+                                                       result["both"]["data_wait_share"], workers)
+    return result, format_table(result)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    o = result["options"]
+    flags = [o["precision"], "channels_last" if o["channels_last"] else "NCHW", "compiled" if o["compile"] else "eager"]
+    lines = [f"torchboost bench: {o['model']} {o['image_size']}px batch {o['batch_size']} {' '.join(flags)} "
+             f"on {result['device']} ({result['threads']} threads), {o['steps']} timed + {o['warmup']} warmup"]
+    if "train" in result:
+        t = result["train"]
+        lines.append(f"{'train step (synthetic)':<28}{t['images_per_s']:>10.1f} img/s  "
+                     f"median {1e3 * t['step_s_median']:.1f} ms/step")
+    for row in result.get("data", []):
+        lines.append(f"{'data, ' + str(row['workers']) + ' workers':<28}{row['images_per_s']:>10.1f} img/s  "
+                     "decode + augment")
+    if "both" in result:
+        b = result["both"]
+        lines.append(f"{'both, ' + str(b['workers']) + ' workers':<28}{b['images_per_s']:>10.1f} img/s  "
+                     f"data wait {b['data_wait_share']:.0%} of the time")
+        lines.append(f"limiter: {result['limiter']} — {result['advice']}")
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`torchboost bench`: print the table (and write JSON with --json)."""
+    result, table = run_bench(args)
+    print(table)
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
