@@ -130,3 +130,18 @@ def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
     ckpt = list_checkpoints(tmp_path / "out" / "ckpt", "mnist")[-1]
     err = _error_line(capsys, ["train", "--resume", str(ckpt), "--output", str(tmp_path / "o2")])
     assert "fc.weight" in err and "(2, 180)" in err
+
+
+def test_thor_and_boost_through_the_recipe_path(tmp_path):
+    thor = train_from_config(_cfg(tmp_path / "thor", "train.epochs=3", "schedule.mode=cosine", "optim.name=thor", "optim.lr=0.02",
+                                  "optim.thor={damping: 0.03, frequency: 20}"))
+    assert thor.eval_results["val_top_1_accuracy"] >= 0.95
+    ckpt = load_checkpoint(thor.last_checkpoint)
+    assert ckpt["optimizer"]["state"]  # THOR's factors/inverses travel in the checkpoint
+    boost = train_from_config(_cfg(tmp_path / "o1", "train.epochs=2", "boost.level=O1",
+                                   "boost.config={grad_freeze: {param_groups: 2}}"))
+    assert boost.eval_results["val_top_1_accuracy"] >= 0.9
+    from torchboost.train.runner import evaluate_checkpoint  # less_bn-changed structure reloads for eval
+
+    assert evaluate_checkpoint(str(boost.last_checkpoint))["top_1_accuracy"] == pytest.approx(
+        boost.eval_results["val_top_1_accuracy"])

@@ -39,7 +39,7 @@ def effective_lr(cfg: Config, world_size: int) -> float:
     return cfg.optim.lr * global_batch / cfg.optim.lr_reference_batch
 
 
-def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
     o = cfg.optim
     for pattern, wd in o.weight_decay_groups.items():
         if isinstance(wd, bool) or not isinstance(wd, (int, float)):
@@ -56,9 +56,16 @@ def build_optimizer(cfg: Config, model: nn.Module, lr: float) -> torch.optim.Opt
             raise ConfigError("optim.weight_decay_groups is not supported with THOR",
                               "THOR takes one weight_decay; remove optim.weight_decay_groups")
         from .optim.thor import THOR
+        from .optim.thor_schedules import get_thor_damping
 
+        kw = dict(o.thor)
+        damping = kw.pop("damping", 0.03)
+        decay = kw.pop("damping_decay", None)
+        if decay is not None:  # MindSpore's damping generator: damping * decay^(epoch/10), per update
+            damping = get_thor_damping(0, damping, decay, cfg.train.epochs, steps_per_epoch)
         try:
-            return THOR(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, **o.thor)
+            return THOR(model, lr=lr, damping=damping, momentum=o.momentum, weight_decay=o.weight_decay,
+                        accumulation_steps=cfg.train.accumulation_steps, **kw)
         except TypeError as e:
             raise ConfigError(f"bad optim.thor option ({e})", "see `help(torchboost.optim.THOR)` for valid keys") from None
     raise ConfigError(f"unknown optimizer '{o.name}'", "use sgd, adamw or thor")
@@ -70,8 +77,8 @@ def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:
     if s.mode == "thor":
         from .optim.thor_schedules import get_thor_lr
 
-        return np.asarray(get_thor_lr(0, lr, s.lr_decay, s.lr_end_epoch, steps_per_epoch, s.decay_epochs),
-                          dtype=np.float64)[:total]
+        lrs = get_thor_lr(0, lr, s.lr_decay, int(s.lr_end_epoch), steps_per_epoch, int(s.decay_epochs))
+        return np.asarray(lrs, dtype=np.float64)[:total]
     return build_lr_schedule(s.mode, lr, total, steps_per_epoch, warmup_epochs=s.warmup_epochs,
                              lr_init=s.lr_init, lr_end=s.lr_end, milestones=s.milestones, gamma=s.gamma,
                              power=s.power)

@@ -48,13 +48,15 @@ def fusion_bucket_caps_mb(model: nn.Module, fusion_config: list[int]) -> list[fl
 
 
 def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25,
-             fusion_config: list[int] | None = None, sync_bn: bool = False) -> nn.Module:
+             fusion_config: list[int] | None = None, sync_bn: bool = False,
+             find_unused_parameters: bool = False) -> nn.Module:
     """Wrap `model` (already on `info.device`) in DDP; returns it unchanged in a single process.
 
     fusion_config (MindSpore parameter-index boundaries) overrides bucket_cap_mb; see the module
     docstring for how faithfully DDP can follow it. sync_bn converts BatchNorm to SyncBatchNorm, which
     torch runs only on GPU tensors: on CPU/gloo it is refused rather than silently ignored. Parameters
     keep their identity (SyncBatchNorm reuses them), so an optimizer built earlier stays valid.
+    find_unused_parameters: needed when some parameters get no gradient in a step (grad_freeze).
     """
     caps = fusion_bucket_caps_mb(model, fusion_config) if fusion_config else None
     if not info.distributed:
@@ -74,7 +76,7 @@ def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25,
         kwargs = {"bucket_cap_mb_list": caps}
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     with guard("DDP setup (parameter broadcast from rank 0)"):
-        return DDP(model, device_ids=device_ids, **kwargs)
+        return DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, **kwargs)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

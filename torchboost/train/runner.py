@@ -14,6 +14,7 @@ from .. import dist
 from ..builders import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer, build_schedule,
                         effective_lr, resolve_device)
 from ..config import Config, dump_config
+from ..errors import ConfigError
 from ..data import build_dataset, build_loader
 from ..profiling import DataStarvationMonitor, ProfilerCallback
 from ..seed import seed_everything
@@ -77,31 +78,47 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     net = build_model(cfg).to(device)
     hooks: list = []
     plan = None
+    accumulation = cfg.train.accumulation_steps
     if cfg.boost.level != "O0" or cfg.boost.config:
         from ..boost import build_boost, resolve_boost
 
         plan = resolve_boost(cfg.boost.level, cfg.boost.config, world_size=info.world_size)
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.train.accumulation_steps)
+        if plan.on("grad_accumulation"):
+            if accumulation not in (1, plan.grad_accumulation_step):
+                raise ConfigError(f"train.accumulation_steps={accumulation} and boost grad_accumulation_step="
+                                  f"{plan.grad_accumulation_step} disagree", "set only one of them")
+            accumulation = cfg.train.accumulation_steps = plan.grad_accumulation_step
+    steps_per_epoch = math.ceil(len(train_loader) / accumulation)
     if plan is not None:
         net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,
-                                 world_size=info.world_size)
+                                 world_size=info.world_size, seed=cfg.train.seed)
         log(plan.describe())
     ema = build_ema(cfg, net)
     adasum = any(type(h).__name__ == "AdasumHook" for h in hooks)
     # Adasum sums orthogonal deltas and averages parallel ones: Horovod advises against linear LR scaling.
     lr = effective_lr(cfg, 1 if adasum else info.world_size)
-    optimizer = build_optimizer(cfg, net, lr)
+    optimizer = None
+    if plan is not None:
+        from ..boost import boost_optimizer
+
+        optimizer = boost_optimizer(plan, net)  # DimReduce when dim_reduce is on
+    optimizer = optimizer or build_optimizer(cfg, net, lr, steps_per_epoch)
+    loss_scale = build_loss_scale(cfg, device)
+    if hasattr(optimizer, "grad_scaler") and loss_scale is not None:
+        optimizer.grad_scaler = loss_scale.scaler  # THOR unscales its G factors by the live loss scale
     wrapped = net
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
+        freeze = plan is not None and plan.on("grad_freeze")  # frozen layers produce no gradient that step
         wrapped = dist.wrap_ddp(net, info, bucket_cap_mb=cfg.dist.bucket_cap_mb,
-                                fusion_config=cfg.dist.fusion_config, sync_bn=cfg.dist.sync_bn)
+                                fusion_config=cfg.dist.fusion_config, sync_bn=cfg.dist.sync_bn,
+                                find_unused_parameters=freeze)
 
     model = Model(wrapped, build_loss(cfg), optimizer, amp_level=cfg.train.amp_level,
-                  loss_scale_manager=build_loss_scale(cfg, device), device=device,
+                  loss_scale_manager=loss_scale, device=device,
                   amp_dtype=None if cfg.train.amp_dtype == "auto" else cfg.train.amp_dtype,
                   lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
                   clip_global_norm=cfg.train.clip_global_norm, clip_value=cfg.train.clip_value,
-                  accumulation_steps=cfg.train.accumulation_steps, ema=ema, hooks=hooks,
+                  accumulation_steps=accumulation, ema=ema, hooks=hooks,
                   channels_last=cfg.model.channels_last, per_batch_accuracy=cfg.train.per_batch_accuracy,
                   input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
                   compile=cfg.model.compile)
@@ -151,6 +168,10 @@ def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Confi
     _merge(cfg, ckpt["config"])
     dev = resolve_device(device)
     net = build_model(cfg)
+    if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
+        from ..boost import resolve_boost, transform_model
+
+        transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
     load_model_state(net, ckpt["model"], source=str(path))
     model = Model(net, build_loss(cfg), device=dev, channels_last=cfg.model.channels_last)
     return model, cfg, ckpt

@@ -1,0 +1,91 @@
+"""THOR under torch.distributed (2 gloo processes on 127.0.0.1): factors averaged across ranks before
+inversion, inversions split between ranks; the result equals one process on the concatenated batch."""
+
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from torchboost.optim.thor import THOR
+
+STEPS, BATCH = 3, 8
+OPTS = dict(lr=0.1, damping=0.05, weight_decay=1e-3, frequency=2, split_dim=4, split_indices=[1])
+
+
+def make_net() -> nn.Sequential:  # BN-free: batch statistics would differ between halves and the whole
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, stride=2, groups=2),
+                         nn.Tanh(), nn.Flatten(), nn.Linear(6 * 16, 5), nn.ReLU(), nn.Linear(5, 3)).double()
+
+
+def data(k: int):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(BATCH, 2, 9, 9, generator=g, dtype=torch.float64), torch.randint(0, 3, (BATCH,), generator=g)
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    net = make_net()
+    ddp = DistributedDataParallel(net)
+    opt = THOR(ddp, **OPTS)
+    shard = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    for k in range(STEPS):
+        x, y = data(k)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x[shard]), y[shard]).backward()
+        opt.step()
+    layers = {name.removeprefix("module."): (l.A, l.G, l.A_inv) for name, l in opt.layers.items()}
+    torch.save({"params": net.state_dict(), "layers": layers, "counters": opt.counters}, Path(out) / f"{rank}.pt")
+    del opt, ddp
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
+    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + 120
+    try:
+        while not ctx.join(timeout=1):
+            assert time.monotonic() < deadline, "distributed THOR workers hung"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+    net = make_net()
+    opt = THOR(net, **OPTS)
+    for k in range(STEPS):
+        x, y = data(k)
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    ranks = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2)]
+    for r in ranks:
+        for name, p in net.state_dict().items():
+            torch.testing.assert_close(r["params"][name], p, rtol=1e-9, atol=1e-12)
+        for name, layer in opt.layers.items():
+            for got, ref in zip(r["layers"][name], (layer.A, layer.G, layer.A_inv)):
+                torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+    # every inversion was computed once, on one rank, and both ranks took a share
+    local = [r["counters"]["local_inversions"] for r in ranks]
+    assert sum(local) == opt.counters["local_inversions"] == 4 * 2 and min(local) > 0

@@ -1,0 +1,171 @@
+"""Kronecker-factor capture for THOR.
+
+A forward hook on each Conv2d/Linear sums the input outer products (A) and registers a tensor hook on
+the layer OUTPUT that sums the output-gradient outer products (G). A tensor hook (not a full backward
+hook) is used because it still fires with the gradient w.r.t. the layer output when a following
+ReLU(inplace=True) overwrites that output. Hooks only do work on capturing steps, so other steps cost a
+flag test per layer.
+
+Factors are kept as their diagonal blocks, (groups, n_blocks, b, b): grouped convolutions get one
+Kronecker factor per group, and with THOR's split_dim only the diagonal blocks are ever used, so only those
+are computed (rows*n*b flops instead of rows*n^2: 36x less for ResNet-50's 4608-wide factors at b=128).
+A factor whose size is not a multiple of b is zero-padded; the inversion puts identity there. Sums are
+fp32 (fp64 for fp64 layers) whatever the autocast dtype: bf16 outer products break the inverses.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def factor_dtype(weight: Tensor) -> torch.dtype:
+    """fp64 layers keep fp64 factors; everything else (fp32, bf16, fp16) gets fp32."""
+    return torch.float64 if weight.dtype == torch.float64 else torch.float32
+
+
+def input_rows(module: nn.Module, x: Tensor) -> Tensor:
+    """Rows of the layer's effective input: (rows, groups, in_features_per_group).
+
+    conv: one row per output position (im2col patches, channel-major like the weight's
+    (Cin/g, kh, kw) layout); linear: one row per leading index.
+    """
+    if isinstance(module, nn.Linear):
+        return x.reshape(-1, 1, x.shape[-1])
+    conv: nn.Conv2d = module  # type: ignore[assignment]
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        # 'same' (possibly asymmetric) and reflect/replicate/circular padding: pad exactly as the
+        # layer does, then take patches of the padded input.
+        mode = "constant" if conv.padding_mode == "zeros" else conv.padding_mode
+        x = F.pad(x, conv._reversed_padding_repeated_twice, mode=mode)
+        padding: tuple[int, int] = (0, 0)
+    else:
+        padding = conv.padding  # type: ignore[assignment]
+    kh, kw = conv.kernel_size
+    if (kh, kw) == (1, 1) and padding == (0, 0):
+        # 1x1 conv: patches are the strided pixels; skip unfold's copy.
+        rows = x[:, :, :: conv.stride[0], :: conv.stride[1]].permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+    else:
+        cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=padding, stride=conv.stride)
+        rows = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    return rows.reshape(rows.shape[0], conv.groups, -1)
+
+
+def output_rows(module: nn.Module, grad: Tensor) -> Tensor:
+    """Rows of the output gradient: (rows, groups, out_features_per_group)."""
+    if isinstance(module, nn.Linear):
+        return grad.reshape(-1, 1, grad.shape[-1])
+    groups = module.groups  # type: ignore[union-attr]
+    return grad.permute(0, 2, 3, 1).reshape(-1, groups, grad.shape[1] // groups)
+
+
+def outer_blocks(rows: Tensor, b: int) -> Tensor:
+    """Diagonal blocks of the per-group sum of outer products: (rows, g, n) -> (g, ceil(n/b), b, b)."""
+    r, g, n = rows.shape
+    if g == 1 and b == n:
+        return (rows[:, 0].T @ rows[:, 0])[None, None]
+    nb = -(-n // b)
+    blocks = F.pad(rows, (0, nb * b - n)).reshape(r, g, nb, b)
+    return torch.einsum("rgkb,rgkc->gkbc", blocks, blocks)
+
+
+def _noop(*args: Any) -> None:
+    return None
+
+
+class DetachedHook:
+    """Hook wrapper that weakly references its bound method and deep-copies/pickles as a no-op: a copied
+    model (EMA, a reference network, torch.save of the whole module) neither drags the optimizer along
+    nor feeds its statistics, and a dropped optimizer leaves only inert hooks behind."""
+
+    def __init__(self, method: Callable) -> None:
+        self.method = weakref.WeakMethod(method)
+
+    def __call__(self, *args: Any) -> Any:
+        fn = self.method()
+        return None if fn is None else fn(*args)
+
+    def __deepcopy__(self, memo: dict) -> Callable:
+        return _noop
+
+    def __reduce__(self) -> tuple:
+        return (_noop_factory, ())
+
+
+def _noop_factory() -> Callable:
+    return _noop
+
+
+class LayerCapture:
+    """Sums one layer's A and G statistics (diagonal blocks of sizes `blocks`) over its calls until
+    `consume()`.
+
+    `grad_scale()` returns the factor the backpropagated loss carries on top of a mean-reduced loss
+    (fixed loss scale x GradScaler scale / accumulation steps); `forward_id()` numbers root forwards,
+    so a module called several times in one forward counts its samples once.
+    """
+
+    def __init__(self, module: nn.Module, blocks: tuple[int, int], grad_scale: Callable[[], float],
+                 forward_id: Callable[[], int], mean_loss: bool = True) -> None:
+        self.module = module
+        self.a_block, self.g_block = blocks
+        self.dtype = factor_dtype(module.weight)
+        self.grad_scale = grad_scale
+        self.forward_id = forward_id
+        self.mean_loss = mean_loss
+        self.enabled = False
+        self._reset()
+        self.handle = module.register_forward_hook(DetachedHook(self._on_forward))
+
+    def _reset(self) -> None:
+        self.a_sum: Tensor | None = None
+        self.g_sum: Tensor | None = None
+        self.a_rows = 0
+        self.g_rows = 0
+        self.samples = 0
+        self._last_forward = -1
+
+    def _on_forward(self, module: nn.Module, inputs: tuple, output: Tensor) -> None:
+        if not (self.enabled and torch.is_grad_enabled() and isinstance(output, Tensor)
+                and output.requires_grad):
+            return
+        x = inputs[0].detach()
+        n = x.shape[0] if x.dim() > 1 else 1
+        with torch.autocast(x.device.type, enabled=False):
+            rows = input_rows(module, x.to(self.dtype))
+            a = outer_blocks(rows, self.a_block)
+        self.a_sum = a if self.a_sum is None else self.a_sum + a
+        self.a_rows += rows.shape[0]
+        if self._last_forward != self.forward_id():
+            self._last_forward = self.forward_id()
+            self.samples += n
+        output.register_hook(lambda grad: self._on_grad(grad, n))
+
+    def _on_grad(self, grad: Tensor, n: int) -> None:
+        # The mean-reduced loss carries 1/n per sample; multiply back by n so G holds per-sample
+        # gradient statistics (MindSpore's batch^2 factor), and divide out any loss scale.
+        mult = (n if self.mean_loss else 1) / self.grad_scale()
+        with torch.autocast(grad.device.type, enabled=False):
+            rows = output_rows(self.module, grad.detach().to(self.dtype) * mult)
+            g = outer_blocks(rows, self.g_block)
+        self.g_sum = g if self.g_sum is None else self.g_sum + g
+        self.g_rows += rows.shape[0]
+
+    def consume(self) -> tuple[Tensor, Tensor, float] | None:
+        """Return (A, G, T) averaged over rows and clear the sums; None when A or G was not seen.
+
+        T (positions per sample, summed over calls) is Hout*Wout for a conv called once and 1 for a
+        linear layer on (N, features) inputs; it drives the conv 1/T damping rule.
+        """
+        a_sum, g_sum, a_rows, g_rows, samples = self.a_sum, self.g_sum, self.a_rows, self.g_rows, self.samples
+        self._reset()
+        if a_sum is None or g_sum is None or samples == 0:
+            return None
+        return a_sum / a_rows, g_sum / g_rows, a_rows / samples
+
+    def remove(self) -> None:
+        self.handle.remove()
