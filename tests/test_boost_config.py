@@ -7,13 +7,7 @@ from torchboost.boost.less_bn import FNHead
 from torchboost.errors import ConfigError
 from torchboost.models import create_model
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The shared 2-core machine is oversubscribed: one intra-op thread is several times faster here.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

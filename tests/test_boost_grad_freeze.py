@@ -12,13 +12,7 @@ from torchboost.boost.options import GradFreezeOptions
 from torchboost.models import create_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The shared 2-core machine is oversubscribed: one intra-op thread is several times faster here.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _resnet18():

@@ -9,13 +9,7 @@ from torchboost.errors import ConfigError
 from torchboost.models import create_model
 from torchboost.models.resnet import Bottleneck, ResNet
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The shared 2-core machine is oversubscribed: one intra-op thread is several times faster here.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 

@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import yaml
 
@@ -156,9 +156,11 @@ class Config:
         return asdict(self)
 
 
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1)
-    return f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(valid)}"
+def suggest(key: str, valid: Iterable[str]) -> str:
+    """The fix half of an 'unknown X' error: the closest valid name, else the list of valid ones."""
+    valid = list(valid)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid) or 'none'}"
 
 
 def _check_value(value: Any, tp: Any, where: str) -> Any:
@@ -208,7 +210,7 @@ def _merge(obj: Any, data: dict, prefix: str = "") -> None:
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key '{where}'", _suggest(where, [f"{prefix}{n}" for n in names]))
+            raise ConfigError(f"unknown config key '{where}'", suggest(where, [f"{prefix}{n}" for n in names]))
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             _merge(current, value, f"{where}.")
@@ -225,7 +227,7 @@ def resolve_recipe(name_or_path: str) -> Path:
         return path
     shipped = RECIPES_DIR / f"{name_or_path}.yaml"
     if not shipped.is_file():
-        raise ConfigError(f"unknown recipe '{name_or_path}'", _suggest(name_or_path, list_recipes()))
+        raise ConfigError(f"unknown recipe '{name_or_path}'", suggest(name_or_path, list_recipes()))
     return shipped
 
 
@@ -284,7 +286,7 @@ def validate(cfg: Config) -> None:
         for part in dotted.split("."):
             obj = getattr(obj, part)
         if obj not in choices:
-            raise ConfigError(f"{dotted}={obj!r} is not one of {', '.join(choices)}", _suggest(str(obj), list(choices)))
+            raise ConfigError(f"{dotted}={obj!r} is not one of {', '.join(choices)}", suggest(str(obj), list(choices)))
     positive = {
         "train.epochs": cfg.train.epochs,
         "train.accumulation_steps": cfg.train.accumulation_steps,

@@ -19,10 +19,10 @@ raise `ConfigError` instead of being dropped or switched off.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from torchboost.config import suggest
 from torchboost.errors import ConfigError
 
 from .options import (
@@ -69,7 +69,7 @@ class BoostPlan:
     def on(self, algorithm: str) -> bool:
         """Whether `algorithm` (one of ALGORITHMS) runs."""
         if algorithm not in ALGORITHMS:
-            raise ConfigError(f"unknown boost algorithm {algorithm!r}", _suggest(algorithm, ALGORITHMS))
+            raise ConfigError(f"unknown boost algorithm {algorithm!r}", suggest(algorithm, ALGORITHMS))
         return algorithm in self.enabled
 
     @property
@@ -101,14 +101,14 @@ def resolve_boost(level: str = "O0", config: Mapping[str, Any] | None = None, wo
     Checks that need the model happen in `build_boost`.
     """
     if level not in LEVELS:
-        raise ConfigError(f"unknown boost level {level!r} at {where}.level", _suggest(str(level), LEVELS))
+        raise ConfigError(f"unknown boost level {level!r} at {where}.level", suggest(str(level), LEVELS))
     config = dict(config or {})
     _check_keys(config, ("boost", *SECTIONS), f"{where}.config")
     switches = dict(_as_mapping(config.get("boost", {}), f"{where}.config.boost"))
     _check_keys(switches, ("mode", *ALGORITHMS), f"{where}.config.boost")
     mode = switches.pop("mode", "auto")
     if mode not in MODES:
-        raise ConfigError(f"unknown boost mode {mode!r} at {where}.config.boost.mode", _suggest(str(mode), MODES))
+        raise ConfigError(f"unknown boost mode {mode!r} at {where}.config.boost.mode", suggest(str(mode), MODES))
     for name, value in switches.items():
         if not isinstance(value, bool):
             raise ConfigError(f"{where}.config.boost.{name} must be true or false, got {value!r}")
@@ -234,14 +234,7 @@ def _as_mapping(raw: Any, path: str) -> Mapping[str, Any]:
 def _check_keys(raw: Mapping[str, Any], valid: Any, path: str) -> None:
     for key in raw:
         if key not in valid:
-            raise ConfigError(f"unknown key {path}.{key}", _suggest(str(key), valid))
-
-
-def _suggest(key: str, valid: Any) -> str:
-    valid = list(valid)
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    listing = ", ".join(valid) if valid else "none"
-    return f"did you mean {close[0]!r}? (valid: {listing})" if close else f"valid: {listing}"
+            raise ConfigError(f"unknown key {path}.{key}", suggest(str(key), valid))
 
 
 def _fmt(options: Any) -> str:
