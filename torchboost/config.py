@@ -114,6 +114,8 @@ class TrainConfig:
     per_batch_accuracy: bool = False
     eval_every: int = 1
     early_stopping_patience: Optional[int] = None
+    # Start from these weights only (fine-tuning, or a DimReduce second stage); --resume restores everything.
+    init_weights: Optional[str] = None
     ema: EmaConfig = field(default_factory=EmaConfig)
 
 
@@ -214,8 +216,17 @@ def _merge(obj: Any, data: dict, prefix: str = "") -> None:
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             _merge(current, value, f"{where}.")
+        elif isinstance(current, dict) and isinstance(value, dict):  # free-form sections merge key by key
+            setattr(obj, key, _deep_merge(current, value))
         else:
             setattr(obj, key, _check_value(value, hints[key], where))
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
 
 
 def resolve_recipe(name_or_path: str) -> Path:

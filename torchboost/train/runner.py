@@ -76,6 +76,11 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     eval_loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, **loader_kw)
 
     net = build_model(cfg).to(device)
+    if cfg.train.init_weights:
+        from .checkpoint import load_checkpoint, load_model_state
+
+        state = load_checkpoint(cfg.train.init_weights, map_location=device)
+        load_model_state(net, state.get("model", state), source=cfg.train.init_weights)
     hooks: list = []
     plan = None
     accumulation = cfg.train.accumulation_steps
