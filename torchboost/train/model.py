@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -40,6 +41,13 @@ def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] =
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
+
+
+def cpu_has_bf16() -> bool:
+    """AVX-512-BF16 or AMX: without them oneDNN emulates bf16 and autocast slows training down."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, c, lambda: False)() for c in checks)
 
 
 class Model:
@@ -75,6 +83,10 @@ class Model:
         MetricAccumulator(self.metrics)  # validates the names now rather than at the first evaluation
         self.amp_level = amp_level
         self.autocast_dtype = None if amp_level == "O0" else amp_dtype_for(self.device, amp_dtype)
+        if self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_bf16():
+            warnings.warn(f"amp_level={amp_level}: this CPU has no bf16 units (no AVX-512-BF16/AMX), so bf16 is "
+                          "emulated and about 2x slower than fp32 here; use amp_level=O0 on this machine",
+                          stacklevel=2)
         if amp_level == "O3":
             self.network.to(self.autocast_dtype)
         if loss_scale_manager is None and amp_level == "O2" and self.autocast_dtype == torch.float16:
