@@ -28,14 +28,15 @@ def factor_dtype(weight: Tensor) -> torch.dtype:
     return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
 
-def input_rows(module: nn.Module, x: Tensor) -> Tensor:
-    """Rows of the layer's effective input: (rows, groups, in_features_per_group).
+def input_columns(module: nn.Module, x: Tensor) -> Tensor:
+    """The layer's effective input, feature-major: (in_features, rows).
 
-    conv: one row per output position (im2col patches, channel-major like the weight's
-    (Cin/g, kh, kw) layout); linear: one row per leading index.
+    conv: one column per output position (im2col patches, channel-major like the weight's
+    (Cin/g, kh, kw) layout, so group j owns a contiguous band of features); linear: one column per
+    leading index. Feature-major rows feed the block outer products without another copy.
     """
     if isinstance(module, nn.Linear):
-        return x.reshape(-1, 1, x.shape[-1])
+        return x.reshape(-1, x.shape[-1]).T
     conv: nn.Conv2d = module  # type: ignore[assignment]
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
         # 'same' (possibly asymmetric) and reflect/replicate/circular padding: pad exactly as the
@@ -47,30 +48,31 @@ def input_rows(module: nn.Module, x: Tensor) -> Tensor:
         padding = conv.padding  # type: ignore[assignment]
     kh, kw = conv.kernel_size
     if (kh, kw) == (1, 1) and padding == (0, 0):
-        # 1x1 conv: patches are the strided pixels; skip unfold's copy.
-        rows = x[:, :, :: conv.stride[0], :: conv.stride[1]].permute(0, 2, 3, 1).reshape(-1, x.shape[1])
-    else:
-        cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=padding, stride=conv.stride)
-        rows = cols.transpose(1, 2).reshape(-1, cols.shape[1])
-    return rows.reshape(rows.shape[0], conv.groups, -1)
+        # 1x1 conv: patches are the strided pixels; no unfold needed.
+        return x[:, :, :: conv.stride[0], :: conv.stride[1]].transpose(0, 1).reshape(x.shape[1], -1)
+    cols = F.unfold(x, (kh, kw), dilation=conv.dilation, padding=padding, stride=conv.stride)
+    return cols.transpose(0, 1).reshape(cols.shape[1], -1)
 
 
-def output_rows(module: nn.Module, grad: Tensor) -> Tensor:
-    """Rows of the output gradient: (rows, groups, out_features_per_group)."""
+def output_columns(module: nn.Module, grad: Tensor) -> Tensor:
+    """The output gradient, feature-major: (out_features, rows)."""
     if isinstance(module, nn.Linear):
-        return grad.reshape(-1, 1, grad.shape[-1])
-    groups = module.groups  # type: ignore[union-attr]
-    return grad.permute(0, 2, 3, 1).reshape(-1, groups, grad.shape[1] // groups)
+        return grad.reshape(-1, grad.shape[-1]).T
+    return grad.transpose(0, 1).reshape(grad.shape[1], -1)
 
 
-def outer_blocks(rows: Tensor, b: int) -> Tensor:
-    """Diagonal blocks of the per-group sum of outer products: (rows, g, n) -> (g, ceil(n/b), b, b)."""
-    r, g, n = rows.shape
-    if g == 1 and b == n:
-        return (rows[:, 0].T @ rows[:, 0])[None, None]
+def outer_blocks(cols: Tensor, groups: int, b: int) -> Tensor:
+    """Diagonal b x b blocks of each group's sum over rows of outer products:
+    (groups * n, rows) -> (groups, ceil(n / b), b, b); features past n are zero padding."""
+    n = cols.shape[0] // groups
+    if groups == 1 and b == n:
+        return (cols @ cols.T)[None, None]
     nb = -(-n // b)
-    blocks = F.pad(rows, (0, nb * b - n)).reshape(r, g, nb, b)
-    return torch.einsum("rgkb,rgkc->gkbc", blocks, blocks)
+    x = cols.reshape(groups, n, -1)
+    if nb * b != n:
+        x = F.pad(x, (0, 0, 0, nb * b - n))
+    x = x.reshape(groups * nb, b, -1)
+    return torch.bmm(x, x.transpose(1, 2)).reshape(groups, nb, b, b)
 
 
 def _noop(*args: Any) -> None:
@@ -113,6 +115,7 @@ class LayerCapture:
                  forward_id: Callable[[], int], mean_loss: bool = True) -> None:
         self.module = module
         self.a_block, self.g_block = blocks
+        self.groups = getattr(module, "groups", 1)
         self.dtype = factor_dtype(module.weight)
         self.grad_scale = grad_scale
         self.forward_id = forward_id
@@ -136,10 +139,10 @@ class LayerCapture:
         x = inputs[0].detach()
         n = x.shape[0] if x.dim() > 1 else 1
         with torch.autocast(x.device.type, enabled=False):
-            rows = input_rows(module, x.to(self.dtype))
-            a = outer_blocks(rows, self.a_block)
+            cols = input_columns(module, x.to(self.dtype))
+            a = outer_blocks(cols, self.groups, self.a_block)
         self.a_sum = a if self.a_sum is None else self.a_sum + a
-        self.a_rows += rows.shape[0]
+        self.a_rows += cols.shape[1]
         if self._last_forward != self.forward_id():
             self._last_forward = self.forward_id()
             self.samples += n
@@ -150,10 +153,10 @@ class LayerCapture:
         # gradient statistics (MindSpore's batch^2 factor), and divide out any loss scale.
         mult = (n if self.mean_loss else 1) / self.grad_scale()
         with torch.autocast(grad.device.type, enabled=False):
-            rows = output_rows(self.module, grad.detach().to(self.dtype) * mult)
-            g = outer_blocks(rows, self.g_block)
+            cols = output_columns(self.module, grad.detach().to(self.dtype))
+            g = outer_blocks(cols, self.groups, self.g_block) * mult**2
         self.g_sum = g if self.g_sum is None else self.g_sum + g
-        self.g_rows += rows.shape[0]
+        self.g_rows += cols.shape[1]
 
     def consume(self) -> tuple[Tensor, Tensor, float] | None:
         """Return (A, G, T) averaged over rows and clear the sums; None when A or G was not seen.

@@ -66,8 +66,9 @@ class Callback:
 class LossMonitor(Callback):
     """Prints MindSpore's line `epoch: 1 step: 5004, loss is 4.4182425` every `per_print_times` updates."""
 
-    def __init__(self, per_print_times: int = 1) -> None:
+    def __init__(self, per_print_times: int = 1, show_accuracy: bool = True) -> None:
         self.per_print_times = max(per_print_times, 1)
+        self.show_accuracy = show_accuracy  # the batch's top-1, when the step computes it
 
     def on_train_step_end(self, state: TrainState) -> None:
         if state.step_in_epoch % self.per_print_times and state.step_in_epoch != state.steps_per_epoch:
@@ -75,7 +76,7 @@ class LossMonitor(Callback):
         out = state.output
         loss = out.loss.item()
         msg = f"epoch: {state.epoch + 1} step: {state.step_in_epoch}, loss is {loss:.7f}"
-        if out.correct is not None:
+        if out.correct is not None and self.show_accuracy:
             msg += f", batch accuracy {out.correct.item() / max(out.samples, 1):.4f}"
         if out.skipped:
             msg += " (update skipped: gradient overflow)"

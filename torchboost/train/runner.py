@@ -124,7 +124,8 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
                   lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
                   clip_global_norm=cfg.train.clip_global_norm, clip_value=cfg.train.clip_value,
                   accumulation_steps=accumulation, ema=ema, hooks=hooks,
-                  channels_last=cfg.model.channels_last, per_batch_accuracy=cfg.train.per_batch_accuracy,
+                  channels_last=cfg.model.channels_last,
+                  per_batch_accuracy=True,  # train top-1 feeds the history's train/validation gap
                   input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
                   compile=cfg.model.compile)
     model.extra_state = {"config": cfg.to_dict(), "classes": list(train_ds.classes)}
@@ -136,7 +137,8 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     ckpt_cb = ModelCheckpoint(cfg.checkpoint.prefix, out / "ckpt", CheckpointConfig(
         cfg.checkpoint.save_every_steps, cfg.checkpoint.save_every_epochs, cfg.checkpoint.keep_max))
     # DataStarvationMonitor goes before History: it adds the data-wait figures that History records.
-    callbacks = [ProgressBar(None if cfg.train.progress_bar else False), LossMonitor(cfg.train.log_every),
+    callbacks = [ProgressBar(None if cfg.train.progress_bar else False),
+                 LossMonitor(cfg.train.log_every, show_accuracy=cfg.train.per_batch_accuracy),
                  TimeMonitor(), DataStarvationMonitor(loader=train_loader), ckpt_cb, History(out)]
     if profile is not None:
         callbacks.append(ProfilerCallback(profile or out / "profile"))
