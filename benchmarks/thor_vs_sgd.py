@@ -1,7 +1,7 @@
 """THOR vs momentum SGD: time-to-accuracy on real data, and per-update cost on ResNet-50.
 
     .venv/bin/python benchmarks/thor_vs_sgd.py            # full (about an hour on 2 busy CPU cores)
-    .venv/bin/python benchmarks/thor_vs_sgd.py --quick    # MNIST only, one learning rate, smaller cost section
+    .venv/bin/python benchmarks/thor_vs_sgd.py --quick    # MNIST batch 64 only, 2 learning rates, small cost part
 
 Time-to-accuracy: both optimizers get the same learning-rate grid, the same cosine schedule over the
 same epoch budget, the same augmentation and the same seeds (same init, same batch order). A run stops
@@ -43,14 +43,24 @@ class Task:
     thor: dict = field(default_factory=dict)  # THOR-only hyper-parameters
 
 
+def _mnist_cnn() -> nn.Module:
+    return create_model("mnist_cnn", num_classes=10, in_chans=1)
+
+
+def _resnet18() -> nn.Module:
+    return create_model("resnet18", num_classes=10, in_chans=1, small_input=True)
+
+
+# mnist5k has 4,000 training images: without augmentation both optimizers plateau below 97.5% (SGD ~96.4%,
+# THOR ~97.0%), so its images are shifted by up to 2 px. Batch 64 is the mnist-lenet recipe's; batch 256
+# is the large-batch regime THOR is meant for (15 updates per epoch).
 TASKS = {
-    # 4,000 training images: without augmentation both optimizers plateau below 97.5% (SGD ~96.4%, THOR ~97.0%)
-    "mnist_cnn/mnist5k": Task("mnist5k", lambda: create_model("mnist_cnn", num_classes=10, in_chans=1),
-                              targets=(0.975, 0.98), batch=64, epochs=25, shift=2,
-                              thor=dict(damping=0.1, frequency=20)),
-    "resnet18/digits": Task("digits", lambda: create_model("resnet18", num_classes=10, in_chans=1,
-                                                           small_input=True),
-                            targets=(0.975, 0.99), batch=64, epochs=10, thor=dict(damping=0.1, frequency=20)),
+    "mnist_cnn/mnist5k/b64": Task("mnist5k", _mnist_cnn, targets=(0.975, 0.98), batch=64, epochs=25, shift=2,
+                                  thor=dict(damping=0.1, frequency=20)),
+    "mnist_cnn/mnist5k/b256": Task("mnist5k", _mnist_cnn, targets=(0.975, 0.98), batch=256, epochs=25, shift=2,
+                                   thor=dict(damping=0.1, frequency=10)),
+    "resnet18/digits/b64": Task("digits", _resnet18, targets=(0.975, 0.99), batch=64, epochs=10,
+                                thor=dict(damping=0.1, frequency=20)),
 }
 LR_GRID = (0.01, 0.02, 0.05)
 WEIGHT_DECAY, MOMENTUM = 5e-4, 0.9
@@ -114,7 +124,14 @@ def train_to_targets(task: Task, data: tuple, opt_name: str, base_lr: float, see
                 reached[t] = (epoch, seconds)
         if all(reached.values()) or not loss.isfinite():
             break
-    return {"reached": reached, "best": best}
+    return {"reached": reached, "best": best, "seconds": seconds}
+
+
+def _ratio(thor: float, sgd: float, sgd_floor: float) -> str:
+    """THOR/SGD, or an upper bound when SGD never got there (its whole run is a floor on its time)."""
+    if math.isinf(thor):
+        return "n/a (THOR missed)"
+    return f"<{thor / sgd_floor:.2f}" if math.isinf(sgd) else f"{thor / sgd:.2f}"
 
 
 def _median(values: list) -> float:
@@ -123,7 +140,7 @@ def _median(values: list) -> float:
 
 
 def time_to_accuracy(task_names: list[str], lrs: tuple[float, ...], seeds: int) -> dict[str, dict]:
-    """Run the grid, print one table per task, return the best row per (task, optimizer) at its first target."""
+    """Run the grid, print one table per task; return THOR/SGD ratios (best grid points) at each first target."""
     headline: dict[str, dict] = {}
     for tname in task_names:
         task = TASKS[tname]
@@ -144,18 +161,20 @@ def time_to_accuracy(task_names: list[str], lrs: tuple[float, ...], seeds: int) 
             for (name, lr), res in runs.items():
                 hits = [r["reached"][target] for r in res]
                 row = dict(lr=lr, n=sum(h is not None for h in hits), epochs=_median([h and h[0] for h in hits]),
-                           seconds=_median([h and h[1] for h in hits]),
-                           acc=statistics.median(r["best"] for r in res))
+                           seconds=_median([h and h[1] for h in hits]), acc=statistics.median(r["best"] for r in res),
+                           floor=(task.epochs, statistics.median(r["seconds"] for r in res)))
                 print(f"{target:>7.1%} {name:<9} {lr:>5g} {row['n']:>5}/{seeds} {row['epochs']:>11.1f} "
                       f"{row['seconds']:>12.1f} {row['acc']:>13.2%}")
-                if name not in best or (row["epochs"], row["seconds"]) < (best[name]["epochs"], best[name]["seconds"]):
+                key = (row["epochs"], row["seconds"])
+                if name not in best or key < (best[name]["epochs"], best[name]["seconds"]):
                     best[name] = row
             s, t = best["sgd"], best["thor"]
+            ratios = {k: _ratio(t[k], s[k], s["floor"][i]) for i, k in enumerate(("epochs", "seconds"))}
             print(f"  best at {target:.1%}: SGD lr {s['lr']:g}: {s['epochs']:.1f} ep / {s['seconds']:.1f} s; "
                   f"THOR lr {t['lr']:g}: {t['epochs']:.1f} ep / {t['seconds']:.1f} s -> THOR/SGD epochs "
-                  f"{t['epochs'] / s['epochs']:.2f}, seconds {t['seconds'] / s['seconds']:.2f}", flush=True)
+                  f"{ratios['epochs']}, seconds {ratios['seconds']}", flush=True)
             if target == task.targets[0]:
-                headline[tname] = {"sgd": s, "thor": t}
+                headline[tname] = ratios
     return headline
 
 
@@ -201,7 +220,8 @@ def step_cost(batch: int, splits: list[int | None], steps: int, frequency: int =
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="MNIST only, one learning rate, smaller cost section")
+    p.add_argument("--quick", action="store_true",
+                   help="MNIST batch 64 only, 2 learning rates, smaller cost section")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 avoids OpenMP oversubscription on a shared machine)")
@@ -209,18 +229,16 @@ def main() -> None:
     p.add_argument("--skip-cost", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    tasks = ["mnist_cnn/mnist5k"] if args.quick else list(TASKS)
-    lrs = (0.02,) if args.quick else LR_GRID
+    tasks = ["mnist_cnn/mnist5k/b64"] if args.quick else list(TASKS)
+    lrs = (0.01, 0.02) if args.quick else LR_GRID
     best = {} if args.skip_accuracy else time_to_accuracy(tasks, lrs, args.seeds)
     ratio = float("nan")
     if not args.skip_cost:
         splits = [128] if args.quick else [32, 64, 128, 256, 512, None]
         ratio = step_cost(batch=4 if args.quick else 8, splits=splits, steps=3 if args.quick else 5)
     parts = []
-    for tname, b in best.items():
-        s, t = b["sgd"], b["thor"]
-        parts.append(f"{tname}@{TASKS[tname].targets[0]:.1%} epochs {t['epochs'] / s['epochs']:.2f}x "
-                     f"seconds {t['seconds'] / s['seconds']:.2f}x")
+    for tname, r in best.items():
+        parts.append(f"{tname}@{TASKS[tname].targets[0]:.1%} epochs {r['epochs']}x seconds {r['seconds']}x")
     parts.append(f"ResNet-50 step cost {ratio:.2f}x")
     print("\nheadline THOR/SGD: " + "; ".join(parts))
 

@@ -18,7 +18,7 @@ gradient (with a one-time warning if it has one) and its refresh is retried at e
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -273,7 +273,7 @@ def _all_finite(stats: list[tuple[Tensor, Tensor, float]]) -> list[bool]:
 def thor(net: nn.Module, lr: Schedule, damping: Schedule, momentum: float, weight_decay: float = 0.0,
          loss_scale: float = 1.0, batch_size: int = 32, use_nesterov: bool = False,
          decay_filter: Callable[[str], bool] | None = None, split_indices: Sequence[int] | None = None,
-         frequency: int = 100, **kwargs) -> THOR:
+         frequency: int = 100, **kwargs: Any) -> THOR:
     """MindSpore-shaped factory: `thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size,
     split_indices=None, frequency=100)`. `batch_size` is only validated: THOR reads each step's real batch
     size from the layer inputs, so a smaller last batch is scaled exactly. `split_indices` sets the
