@@ -6,9 +6,11 @@ worker gets) for
   naive: Image.open().convert("RGB") at full resolution (torchvision's loader), crop + bilinear resize to
          the output size, flip, float tensor, normalize;
   draft: torchboost's TrainTransform: the same crop draws, decoded in JPEG draft mode at the largest 1/2,
-         1/4, 1/8 reduction whose crop region still covers the output size.
-CPU time, not wall time, because the machine may be shared; the two pipelines alternate image by image;
-medians of --repeats runs.
+         1/4, 1/8 reduction whose crop region still covers the output size;
+  draft uint8: the same with uint8=True, what the loader ships with data.normalize_on_device=true (the
+         step normalizes the batch on its device instead).
+CPU time, not wall time, because the machine may be shared; the pipelines alternate image by image in
+rotating order; medians of --repeats runs.
 
 Run: .venv/bin/python benchmarks/data_pipeline.py [--images 64] [--repeats 3]
 """
@@ -51,15 +53,19 @@ def naive(path: Path, rng: np.random.Generator, t: TrainTransform) -> torch.Tens
     top, left, h, w = rrc_params(img.width, img.height, rng)
     flip = rng.random() < 0.5
     out = img.crop((left, top, left + w, top + h)).resize((t.size, t.size), Image.BILINEAR)
-    return t.to_tensor(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out)
+    return t.to_tensor(np.asarray(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out))
 
 
 def rates(pipelines: dict, paths: list[Path]) -> dict[str, float]:
     """Images per CPU-second of each pipeline, alternating pipelines image by image so that a change in
-    machine load hits all of them alike; image i uses seed i in every pipeline (identical crops)."""
+    machine load hits all of them alike; image i uses seed i in every pipeline (identical crops). The order
+    rotates per image: whichever pipeline runs right after the naive full decode finds its caches evicted
+    and measured ~5% slower, so a fixed order would bias the comparison."""
     spent = dict.fromkeys(pipelines, 0.0)
+    names = list(pipelines)
     for i, p in enumerate(paths):
-        for name, fn in pipelines.items():
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            fn = pipelines[name]
             start = time.process_time()
             fn(p, np.random.default_rng(i))
             spent[name] += time.process_time() - start
@@ -73,8 +79,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # DataLoader workers run single-threaded
     print(f"{'image':>10} {'out':>4} {'KB/img':>7} {'mean draft':>10} {'naive img/s':>12} {'draft img/s':>12} "
-          f"{'ratio':>6}")
-    ratios = {}
+          f"{'ratio':>6} {'uint8 img/s':>12} {'ratio':>6}")
+    ratios, uint8_ratios = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for w, h, size in CASES:
             folder = Path(tmp) / f"{w}x{h}"
@@ -85,19 +91,21 @@ def main() -> None:
             paths = sorted(folder.glob("*.jpg"))
             kb = sum(p.stat().st_size for p in paths) / len(paths) / 1e3
             draft = TrainTransform(size, IMAGENET_MEAN, IMAGENET_STD)
+            draft_u8 = TrainTransform(size, IMAGENET_MEAN, IMAGENET_STD, uint8=True)
             crops = [rrc_params(w, h, np.random.default_rng(i)) for i in range(len(paths))]
             scales = [draft_scale(cw, ch, size, size) for _, _, ch, cw in crops]
             pipelines = {"naive": lambda p, r: naive(p, r, draft),
-                         "draft": lambda p, r: draft(Image.open(p), r)}
+                         "draft": lambda p, r: draft(Image.open(p), r),
+                         "draft uint8": lambda p, r: draft_u8(Image.open(p), r)}
             runs = [rates(pipelines, paths) for _ in range(args.repeats)]
-            a, b = (statistics.median(run[name] for run in runs) for name in pipelines)
-            ratios[(w, h, size)] = b / a
+            a, b, c = (statistics.median(run[name] for run in runs) for name in pipelines)
+            ratios[(w, h, size)], uint8_ratios[(w, h, size)] = b / a, c / a
             print(f"{w:>5}x{h:<4} {size:>4} {kb:>7.0f} {np.mean(scales):>9.2f}x {a:>12.1f} {b:>12.1f} "
-                  f"{b / a:>5.2f}x")
+                  f"{b / a:>5.2f}x {c:>12.1f} {c / a:>5.2f}x")
     (w, h, size), (tw, th, ts) = HEADLINE, TYPICAL
     print(f"headline: draft / naive = {ratios[HEADLINE]:.2f}x images/s per worker on {w}x{h} JPEGs -> "
-          f"RandomResizedCrop {size} (target >= 1.5x); {ratios[TYPICAL]:.2f}x on {tw}x{th} -> {ts}, where no "
-          f"crop allows a reduction")
+          f"RandomResizedCrop {size} (target >= 1.5x; {uint8_ratios[HEADLINE]:.2f}x shipping uint8); "
+          f"{ratios[TYPICAL]:.2f}x on {tw}x{th} -> {ts}, where no crop allows a reduction")
 
 
 if __name__ == "__main__":

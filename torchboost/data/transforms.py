@@ -1,8 +1,9 @@
 """Training and evaluation transforms with Pillow + torch (torchvision cannot load on this CPU torch).
 
 Geometry follows torchvision: RandomResizedCrop's sampling, Resize of the shorter side, centre crop, and
-Pillow's antialiased bilinear resize. JPEGs are decoded in Pillow's draft mode at the largest 1/2, 1/4 or
-1/8 reduction whose crop region still covers the output size, so large photos skip most decode work.
+Pillow's antialiased bilinear resize (run by torch's faster uint8 port of it where the box is whole
+pixels). JPEGs are decoded in Pillow's draft mode at the largest 1/2, 1/4 or 1/8 reduction whose crop
+region still covers the output size, so large photos skip most decode work.
 
 A transform is called as `transform(img, rng)` with an opened but not yet decoded PIL image (draft mode
 only works before decoding) and the sample's random stream (see `sampling.sample_rng`).
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from torchboost.errors import ConfigError
@@ -81,13 +83,25 @@ def decode(img: Image.Image, mode: str, scale: int = 1) -> tuple[Image.Image, in
 
 
 def resize_region(img: Image.Image, box: tuple[float, float, float, float], size: tuple[int, int]
-                  ) -> Image.Image:
-    """Crop then resize a (possibly fractional) box, like torchvision's crop + resize: cropping first keeps
-    pixels outside the box out of the filter; the fractional remainder goes to Pillow's resize box."""
+                  ) -> np.ndarray:
+    """Crop then resize a (possibly fractional) box to size (w, h), like torchvision's crop + resize, as an
+    H×W(×C) uint8 array: cropping first keeps pixels outside the box out of the filter."""
     left, top, right, bottom = box
     crop = (int(left), int(top), math.ceil(right), math.ceil(bottom))
+    region = img.crop(crop)
+    if crop == box:  # always so without a draft reduction (e.g. ImageNet's 500×375 at 224)
+        return resize_uint8(np.array(region), size)  # a writable copy: torch warns on read-only arrays
+    # Torch's kernel has no sub-pixel offset, so a fractional box stays with Pillow's resize box.
     sub = (left - crop[0], top - crop[1], right - crop[0], bottom - crop[1])
-    return img.crop(crop).resize(size, BILINEAR, box=sub)
+    return np.asarray(region.resize(size, BILINEAR, box=sub))
+
+
+def resize_uint8(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Antialiased bilinear resize of an H×W(×C) uint8 array to size (w, h) with torch's uint8 kernel: a port
+    of Pillow's (within 1/255), 2-5× faster here (AVX2), and serial per image (no OpenMP region)."""
+    x = torch.from_numpy(a if a.ndim == 3 else a[..., None]).permute(2, 0, 1)[None]  # channels-last view
+    y = F.interpolate(x, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False)
+    return y[0].permute(1, 2, 0).numpy()
 
 
 class _Transform:
@@ -99,12 +113,13 @@ class _Transform:
         self.mode = "L" if len(mean) == 1 else "RGB"
         self._scale, self._shift = norm_coeffs(mean, std)
 
-    def to_tensor(self, img: Image.Image) -> torch.Tensor:
-        """C×H×W uint8 (uint8=True) or normalized float32."""
+    def to_tensor(self, a: np.ndarray, flip: bool = False) -> torch.Tensor:
+        """C×H×W uint8 (uint8=True) or normalized float32 from an H×W(×C) uint8 array, mirrored if `flip`."""
         # numpy: its HWC -> CHW copy is ~2x faster than torch's permute().contiguous() on uint8, and it never
-        # opens an OpenMP region (which waits for a free core on a busy machine; see tensors.py).
-        a = np.asarray(img)
-        x = np.array(a[None] if a.ndim == 2 else a.transpose(2, 0, 1), order="C")
+        # opens an OpenMP region (which waits for a free core on a busy machine; see tensors.py). The flip
+        # rides along in the same copy as a negative stride.
+        a = a if a.ndim == 3 else a[..., None]
+        x = np.array((a[:, ::-1] if flip else a).transpose(2, 0, 1), order="C")
         if not self.uint8:
             x = x.astype(np.float32)
             x *= self._scale.numpy()
@@ -127,7 +142,7 @@ class TrainTransform(_Transform):
         flip = rng.random() < self.flip_p  # drawn after the crop, like torchvision's Compose order
         img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
         out = resize_region(img, (left / s, top / s, (left + w) / s, (top + h) / s), (self.size, self.size))
-        return self.to_tensor(out.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else out)
+        return self.to_tensor(out, flip)
 
 
 class EvalTransform(_Transform):
@@ -152,7 +167,9 @@ class EvalTransform(_Transform):
         (nw, nh), crop = self.geometry(img.width, img.height)
         full_w, full_h = img.size
         img, s = decode(img, self.mode, draft_scale(full_w, full_h, nw, nh))
-        return self.to_tensor(resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh)).crop(crop))
+        left, top, right, bottom = crop
+        resized = resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh))
+        return self.to_tensor(resized[top:bottom, left:right])
 
 
 def train_transform(size: int, mean: Sequence[float], std: Sequence[float], **kw) -> TrainTransform:
