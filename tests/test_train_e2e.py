@@ -145,3 +145,28 @@ def test_thor_and_boost_through_the_recipe_path(tmp_path):
 
     assert evaluate_checkpoint(str(boost.last_checkpoint))["top_1_accuracy"] == pytest.approx(
         boost.eval_results["val_top_1_accuracy"])
+
+
+def test_predict_matches_the_evaluation_path(tmp_path, capsys):
+    """`predict` on image files gives the probabilities the network gives the same test images in memory."""
+    from PIL import Image
+
+    from torchboost.data import build_dataset
+    from torchboost.train.runner import model_from_checkpoint, predict_images
+
+    run = train_from_config(_cfg(tmp_path / "run", "train.epochs=1"))
+    ds = build_dataset(load_config("digits-lenet").data, "test")
+    files = []
+    for i in range(5):
+        files.append(str(tmp_path / f"{i}.png"))
+        Image.fromarray(ds.images[i, 0].numpy()).save(files[-1])
+    got = predict_images(str(run.last_checkpoint), files, topk=3)
+    model, _, ckpt = model_from_checkpoint(str(run.last_checkpoint))
+    x, _ = ds.__getitems__(range(5))
+    want = model.predict(x).softmax(1).topk(3, dim=1)
+    for preds, ps, idx in zip(got, want.values, want.indices):
+        assert [c for c, _ in preds] == [ckpt["classes"][j] if ckpt.get("classes") else str(j) for j in idx.tolist()]
+        assert [p for _, p in preds] == pytest.approx(ps.tolist(), abs=1e-6)
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    err = _error_line(capsys, ["predict", "--checkpoint", str(run.last_checkpoint), str(tmp_path / "bad.png")])
+    assert "bad.png" in err

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
-from torchboost.data.folder import ImageFolder
+from torchboost.data.folder import ImageFolder, read_image
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
 from torchboost.data.synthetic import SyntheticImages
@@ -21,7 +21,7 @@ from torchboost.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, EvalTransfo
 from torchboost.errors import ConfigError, DataError
 
 __all__ = [
-    "build_dataset", "build_loader", "load_builtin", "export_folder", "ImageFolder", "read_idx",
+    "build_dataset", "build_loader", "eval_preprocess", "read_image", "load_builtin", "export_folder", "ImageFolder", "read_idx",
     "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler", "sample_rng", "SyntheticImages",
     "TensorImageDataset", "passthrough_collate", "TrainTransform", "EvalTransform", "train_transform",
     "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD",
@@ -53,19 +53,38 @@ def _split_dir(root: Path, split: str) -> Path:
                     "a folder data set holds train/ and val/ (or test/), each with one sub-folder per class")
 
 
-def _folder(cfg: Any, split: str) -> ImageFolder:
+def _folder_stats(cfg: Any) -> tuple[int, tuple, tuple]:
+    """(image size, mean, std) of a folder data set: the config's, or defaults for its channel count."""
     channels, size = _get(cfg, "channels", 3), _get(cfg, "image_size", 224)
     default_mean, default_std = DEFAULT_STATS.get(channels, ((), ()))
     mean, std = _get(cfg, "mean", default_mean), _get(cfg, "std", default_std)
     if len(mean) != channels or len(std) != channels:
         raise ConfigError(f"data.channels={channels} needs data.mean and data.std with {channels} values each",
                           "set data.channels to 1 or 3 and matching data.mean / data.std")
+    return size, mean, std
+
+
+def _folder(cfg: Any, split: str) -> ImageFolder:
+    size, mean, std = _folder_stats(cfg)
     uint8 = bool(_get(cfg, "normalize_on_device", False))
     if split == "train":
         transform = train_transform(size, mean, std, uint8=uint8)
     else:
         transform = eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875), uint8=uint8)
     return ImageFolder(_split_dir(_path(cfg), split), transform, bool(_get(cfg, "skip_corrupt", False)))
+
+
+def eval_preprocess(cfg: Any) -> EvalTransform:
+    """A run's evaluation preprocessing for single image files (what `predict` feeds the model).
+
+    Folder runs: their resize + centre crop and statistics. In-memory sets (MNIST, digits) are stored at
+    their native size: a file is resized to that size, whole (no crop), with the set's statistics."""
+    uint8 = bool(_get(cfg, "normalize_on_device", False))
+    if _get(cfg, "dataset") in ("folder", "synthetic"):
+        size, mean, std = _folder_stats(cfg)
+        return eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875), uint8=uint8)
+    ds = build_dataset(cfg, "test")
+    return eval_transform(ds.images.shape[-1], ds.mean, ds.std, crop_pct=1.0, uint8=uint8)
 
 
 def _check_tensor_set(cfg: Any, ds: TensorImageDataset) -> None:

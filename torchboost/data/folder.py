@@ -52,6 +52,17 @@ def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
+def read_image(path: str | Path, transform: Callable[..., Any]) -> Any:
+    """One image file through an evaluation transform; an unreadable file raises a one-line DataError."""
+    try:
+        with Image.open(path) as img:
+            return transform(img)
+    except FileNotFoundError:
+        raise DataError(f"image {path} does not exist", "check the path") from None
+    except IMAGE_ERRORS as e:
+        raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})", "pass a readable image file") from None
+
+
 class ImageFolder(Dataset):
     """Images of `root`'s class folders, returned as (transform(image, rng), class index).
 

@@ -203,12 +203,12 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
 
 def predict_images(path: str, images: list[str], topk: int = 5) -> list[list[tuple[str, float]]]:
     """Top-k (class, probability) for each image file, preprocessed like the run's evaluation data."""
-    from ..data.transforms import load_for_eval
+    from ..data import eval_preprocess, read_image
 
     model, cfg, ckpt = model_from_checkpoint(path)
     classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]
-    batch = torch.stack([load_for_eval(p, cfg.data.image_size, cfg.data.mean, cfg.data.std,
-                                       channels=cfg.model.in_chans, crop_pct=cfg.data.crop_pct) for p in images])
+    transform = eval_preprocess(cfg.data)
+    batch = torch.stack([read_image(p, transform) for p in images])
     probs = model.predict(batch).softmax(dim=1)
     k = min(topk, probs.shape[1])
     top = probs.topk(k, dim=1)
