@@ -144,3 +144,15 @@ def test_dim_reduce_plan_gives_dim_reduce_optimizer(tmp_path):
     opt = boost_optimizer(plan, model)
     assert hooks == [] and isinstance(opt, DimReduce) and opt.needs_closure
     assert opt.pca_mat.shape == (3, sum(p.numel() for p in model.parameters()))
+
+
+def test_gradient_split_groups_set_the_ddp_fusion_config():
+    from torchboost.config import load_config
+    from torchboost.train.runner import fusion_config
+
+    plan = resolve_boost("O1", {"common": {"gradient_split_groups": [3, 9]}})
+    assert fusion_config(load_config("digits-lenet"), plan) == [3, 9]
+    assert fusion_config(load_config("digits-lenet"), resolve_boost("O1")) is None
+    assert fusion_config(load_config("digits-lenet"), None) is None
+    explicit = load_config("digits-lenet", ["dist.fusion_config=[5]"])
+    assert fusion_config(explicit, plan) == [5]  # the dist section wins

@@ -15,8 +15,8 @@ def _need(ok: bool, what: str, fix: str = "") -> None:
 @dataclass(frozen=True)
 class CommonOptions:
     """`common`: gradient all-reduce split points (parameter indices, MindSpore's all_reduce_fusion_config;
-    empty = the trainer's own buckets) and devices per node. torchboost takes the world size from
-    torch.distributed; these are handed to the trainer as they are."""
+    empty = the trainer's own buckets; dist.fusion_config wins when both are set) and devices per node
+    (informational: torchboost takes the world size from torch.distributed)."""
 
     gradient_split_groups: tuple[int, ...] = ()
     device_number: int = 8

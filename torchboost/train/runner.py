@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -21,6 +21,9 @@ from ..seed import seed_everything
 from .callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
                         TensorBoard, TimeMonitor, is_main_process)
 from .model import Model
+
+if TYPE_CHECKING:
+    from ..boost.config import BoostPlan
 
 
 @dataclass
@@ -115,7 +118,7 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
         freeze = plan is not None and plan.on("grad_freeze")  # frozen layers produce no gradient that step
         wrapped = dist.wrap_ddp(net, info, bucket_cap_mb=cfg.dist.bucket_cap_mb,
-                                fusion_config=cfg.dist.fusion_config, sync_bn=cfg.dist.sync_bn,
+                                fusion_config=fusion_config(cfg, plan), sync_bn=cfg.dist.sync_bn,
                                 find_unused_parameters=freeze)
 
     model = Model(wrapped, build_loss(cfg), optimizer, amp_level=cfg.train.amp_level,
@@ -199,6 +202,15 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
         model.network.load_state_dict(ckpt["ema"]["module"])
     ds = build_dataset(cfg.data, split)
     return model.eval(build_loader(ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers))
+
+
+def fusion_config(cfg: Config, plan: BoostPlan | None) -> list[int] | None:
+    """All-reduce split points: dist.fusion_config, else boost common.gradient_split_groups (MindSpore's
+    boost name for the same all_reduce_fusion_config), else None (DDP's byte-sized buckets)."""
+    if cfg.dist.fusion_config:
+        return list(cfg.dist.fusion_config)
+    groups = plan.common_options.gradient_split_groups if plan is not None else ()
+    return list(groups) or None
 
 
 def predict_images(path: str, images: list[str], topk: int = 5) -> list[list[tuple[str, float]]]:
