@@ -178,3 +178,23 @@ def test_convert_drop_background_and_errors(tmp_path):
     torch.save({"net": torch.nn.Linear(2, 2)}, tmp_path / "pickled.pt")  # a whole module: needs unpickling
     with pytest.raises(CheckpointError, match="cannot read"):
         convert(tmp_path / "pickled.pt", tmp_path / "p.ckpt")
+
+
+def test_add_background_1000_to_1001_keeps_predictions(tmp_path):
+    m = randomized_resnet("resnet18", num_classes=1000).eval()
+    torch.save(m.state_dict(), tmp_path / "tv.pt")
+    rep = convert(tmp_path / "tv.pt", tmp_path / "zoo.ckpt", add_background=True)
+    assert rep.ok
+    zoo = load_mindspore_ckpt(tmp_path / "zoo.ckpt")
+    assert zoo["end_point.weight"].shape == (1001, 512) and zoo["end_point.bias"].shape == (1001,)
+    ms_net = create_model("resnet18", num_classes=1001).eval()  # what MindSpore's zoo network computes
+    ms_net.load_state_dict(mindspore_to_torch(zoo)[0])
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        p_ms, p_tv = ms_net(x).softmax(1), m(x).softmax(1)
+    assert torch.all(p_ms[:, 0] == 0)  # the background class is never predicted
+    torch.testing.assert_close(p_ms[:, 1:], p_tv)  # and the 1000 real classes keep their probabilities
+    back = convert(tmp_path / "zoo.ckpt", tmp_path / "back.pt", drop_background=True)  # and the way back
+    assert back.ok and torch.equal(load_torch_state(tmp_path / "back.pt")["fc.weight"], m.fc.weight)
+    with pytest.raises(ConfigError, match="add_background"):
+        convert(tmp_path / "zoo.ckpt", tmp_path / "x.pt", add_background=True)

@@ -68,7 +68,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from .migrate.convert import convert
 
     report = convert(args.input, args.output, arch=args.arch, num_classes=args.num_classes,
-                     drop_background=args.drop_background, convert_moments=args.moments, strict=not args.no_strict)
+                     drop_background=args.drop_background, convert_moments=args.moments, strict=not args.no_strict,
+                     add_background=args.add_background)
     print(report.summary())
     print(f"wrote {args.output}")
     return 0
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--arch", help="resnet18/34/50/101/152 (enables name mapping)")
     c.add_argument("--num-classes", type=int)
     c.add_argument("--drop-background", action="store_true", help="1001 -> 1000 classes (drop MindSpore's class 0)")
+    c.add_argument("--add-background", action="store_true",
+                   help="1000 -> 1001 classes when writing a .ckpt (add MindSpore's never-predicted class 0)")
     c.add_argument("--moments", action="store_true", help="also convert momentum buffers (moments.*)")
     c.add_argument("--no-strict", action="store_true", help="write even when tensors are unmapped or missing")
     c.set_defaults(func=_cmd_convert)

@@ -71,11 +71,12 @@ def save_torch_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) ->
 
 def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, arch: str | None = None,
             num_classes: int | None = None, drop_background: bool = False, convert_moments: bool = False,
-            strict: bool = True) -> MappingReport:
+            strict: bool = True, add_background: bool = False) -> MappingReport:
     """Convert weights from `in_path` to `out_path` and return what was mapped.
 
     arch: resnet18..resnet152 (None: detected from the names) or "none" to keep names untouched.
     drop_background: when reading a 1001-class MindSpore checkpoint, drop class 0 -> 1000 classes.
+    add_background: when writing a MindSpore .ckpt, add the zoo's class 0 -> 1001 classes.
     strict: refuse (CheckpointError naming the first problem) unless every tensor maps cleanly.
     """
     src, dst = file_kind(in_path), file_kind(out_path)
@@ -85,13 +86,16 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, arch: str |
     if drop_background and not from_ms:
         raise ConfigError("drop_background only applies when reading a MindSpore .ckpt",
                           "drop --drop-background or convert from the .ckpt")
+    if add_background and not (to_ms and not from_ms and arch != "none"):
+        raise ConfigError("add_background only applies when writing a ResNet to a MindSpore .ckpt",
+                          "drop --add-background or convert a .pt/.safetensors ResNet to .ckpt")
     state = load_mindspore_ckpt(in_path) if from_ms else load_torch_state(in_path)
     if arch == "none" or from_ms == to_ms:
         report = MappingReport(arch="none", mapped=list(state))
     elif from_ms:
         state, report = mindspore_to_torch(state, arch, num_classes, drop_background, convert_moments)
     else:
-        state, report = torch_to_mindspore(state, arch, num_classes, convert_moments)
+        state, report = torch_to_mindspore(state, arch, num_classes, convert_moments, add_background)
     if strict and not report.ok:
         raise CheckpointError(f"{in_path} does not convert cleanly to {report.arch}: {report.first_problem()}",
                               "pick the right arch/num_classes (drop_background for 1001-class MindSpore "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from torchboost.errors import ConfigError
+from torchboost.errors import CheckpointError, ConfigError
 from torchboost.models import create_model
 from torchboost.models.resnet import ARCHS, Bottleneck
 
@@ -193,15 +193,37 @@ def mindspore_to_torch(state: dict[str, torch.Tensor], arch: str | None = None, 
     return out, report
 
 
+# Logit bias of an added background class: exp(-1e4) is exactly 0 in fp16/fp32, so the 1000 real classes keep
+# their probabilities, and -1e4 is still representable in fp16.
+BACKGROUND_BIAS = -1e4
+
+
+def add_background_row(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """1000 -> 1001 classes the MindSpore zoo way: a class 0 (background) that is never predicted (zero
+    weights, bias BACKGROUND_BIAS) in front of the fc rows; other tensors are shared, not copied."""
+    out = dict(state)
+    w, b = state["fc.weight"], state.get("fc.bias")
+    out["fc.weight"] = torch.cat([w.new_zeros(1, *w.shape[1:]), w])
+    if b is not None:
+        out["fc.bias"] = torch.cat([b.new_full((1,), BACKGROUND_BIAS), b])
+    return out
+
+
 def torch_to_mindspore(state: dict[str, torch.Tensor], arch: str | None = None, num_classes: int | None = None,
-                       convert_moments: bool = False) -> tuple[dict[str, torch.Tensor], MappingReport]:
+                       convert_moments: bool = False, add_background: bool = False
+                       ) -> tuple[dict[str, torch.Tensor], MappingReport]:
     """Rename a torchvision/torchboost ResNet state dict to MindSpore zoo names; returns (state, report).
 
     num_batches_tracked counters are dropped (reported as skipped); `moments.<torch name>` entries are
-    converted when convert_moments is set.
+    converted when convert_moments is set. add_background prepends MindSpore's class 0 (see
+    add_background_row): 1000 -> 1001 classes, as the zoo's ImageNet recipes expect.
     """
     arch = arch or detect_arch(state)
-    num_classes = num_classes or _classes(state, "fc.weight")
+    num_classes = num_classes or _classes(state, "fc.weight")  # the torch side's, as in mindspore_to_torch
+    if add_background:
+        if "fc.weight" not in state:
+            raise CheckpointError("add_background needs an fc.weight to extend", "convert a classifier state dict")
+        state, num_classes = add_background_row(state), num_classes + 1
     rows = layout(arch, num_classes)
     lookup = {tn: (ms, shape) for tn, ms, shape in rows}
     report, got = MappingReport(arch=arch, notes=mindspore_notes(arch)), {}
