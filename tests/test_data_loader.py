@@ -176,3 +176,33 @@ def test_build_dataset_builtin_synthetic_and_overrides():
 def test_build_dataset_errors(overrides, error, match):
     with pytest.raises(error, match=match):
         build_dataset(cfg(**overrides), "train")
+
+
+def test_random_shift_translates_each_training_image_reproducibly():
+    cfg = types.SimpleNamespace(dataset="digits", random_shift=2)
+    train, test = build_dataset(cfg, "train"), build_dataset(cfg, "test")
+    assert train.shift == 2 and test.shift == 0  # evaluation images are never shifted
+    plain = load_builtin("digits", "train")
+    idx = [SampleIndex(i, seed=5, epoch=e) for e in (0, 1) for i in range(40)]
+    x, y = train.__getitems__(idx)
+    ref_x, ref_y = plain.__getitems__([int(i) for i in idx])
+    assert torch.equal(y, ref_y)
+    background = float((0 - plain.mean[0]) / plain.std[0])
+    moved = 0
+    for k, i in enumerate(idx):  # independent reference: torch.roll, then blank the wrapped-around band
+        dy, dx = (int(v) for v in sample_rng(i).integers(-2, 3, size=2))
+        ref = torch.roll(ref_x[k], (dy, dx), dims=(1, 2))
+        if dy > 0:
+            ref[:, :dy] = background
+        elif dy < 0:
+            ref[:, dy:] = background
+        if dx > 0:
+            ref[:, :, :dx] = background
+        elif dx < 0:
+            ref[:, :, dx:] = background
+        torch.testing.assert_close(x[k], ref)
+        moved += (dy, dx) != (0, 0)
+    assert moved > 30
+    assert torch.equal(train.__getitems__(idx)[0], x)  # same (seed, epoch, index): same shift (exact resume)
+    with pytest.raises(ConfigError, match="random_shift"):
+        build_dataset(types.SimpleNamespace(dataset="synthetic", random_shift=2), "train")

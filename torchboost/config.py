@@ -51,6 +51,8 @@ class DataConfig:
     synthetic_size: int = 1024
     # Ship uint8 batches and normalize on the device: 4x fewer bytes through workers and host-to-device copies.
     normalize_on_device: bool = False
+    # In-memory sets (MNIST, digits): translate training images by up to this many pixels (0 = off).
+    random_shift: int = 0
 
 
 @dataclass

@@ -107,8 +107,14 @@ def build_dataset(cfg: Any, split: str) -> Dataset:
     """The `split` ("train" or "test"; "valid" for paddle_json) of the data set described by a DataConfig
     (any object with its attributes; unset ones may be None). Reads dataset, path, image_size, channels,
     mean, std, crop_pct, skip_corrupt, num_classes, synthetic_size, normalize_on_device (uint8 batches that
-    the trainer normalizes on its device with the dataset's mean/std)."""
+    the trainer normalizes on its device with the dataset's mean/std), random_shift (in-memory training sets)."""
     kind = _get(cfg, "dataset")
+    shift = int(_get(cfg, "random_shift", 0) or 0)
+    if shift < 0:
+        raise ConfigError(f"data.random_shift must be >= 0, got {shift}", "use a pixel count such as 2")
+    if shift and kind in ("folder", "synthetic"):
+        raise ConfigError(f"data.random_shift applies to in-memory sets, not {kind!r}",
+                          "drop data.random_shift (folders are augmented by RandomResizedCrop)")
     if kind == "folder":
         ds: Any = _folder(cfg, split)
     elif kind == "synthetic":
@@ -125,6 +131,7 @@ def build_dataset(cfg: Any, split: str) -> Dataset:
             ds = load_builtin(kind, split)
         _check_tensor_set(cfg, ds)
         ds.uint8 = bool(_get(cfg, "normalize_on_device", False))
+        ds.shift = shift if split == "train" else 0
     else:
         raise ConfigError(f"unknown data.dataset {kind!r}", f"use one of {', '.join(DATASETS)}")
     if _get(cfg, "num_classes", len(ds.classes)) < len(ds.classes):

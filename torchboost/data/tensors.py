@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from torchboost.data.sampling import sample_rng
 from torchboost.data.transforms import norm_coeffs
 from torchboost.errors import DataError
 
@@ -24,7 +25,7 @@ class TensorImageDataset(Dataset):
     batched = True  # __getitems__ returns an already collated batch
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
-                 mean: Sequence[float], std: Sequence[float], uint8: bool = False) -> None:
+                 mean: Sequence[float], std: Sequence[float], uint8: bool = False, shift: int = 0) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise DataError(f"images must be a uint8 N×C×H×W tensor, got {images.dtype} {tuple(images.shape)}",
                             "convert the images to uint8 0..255 with a channel axis")
@@ -35,6 +36,9 @@ class TensorImageDataset(Dataset):
                             f"{len(classes)} classes", "labels must be class indices 0..num_classes-1")
         self.images, self.labels = images.contiguous(), labels.to(torch.int64)
         self.classes, self.uint8 = list(classes), uint8
+        # shift > 0: translate each image by its own random (dy, dx) in [-shift, shift], filling with 0 (the
+        # background of MNIST-like sets): the augmentation small sets need (mnist5k's 4,000 images overfit).
+        self.shift = shift
         self.set_stats(mean, std)
 
     def set_stats(self, mean: Sequence[float], std: Sequence[float]) -> None:
@@ -49,15 +53,31 @@ class TensorImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def _batch(self, image_rows: np.ndarray, label_rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(self, image_rows: np.ndarray, label_rows: np.ndarray, indices: Sequence[int] = ()
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather, shift (`indices` are the sampler's, which carry the augmentation seed) and normalize."""
         # numpy, not torch: a batch (~10^5 values) is above torch's parallel grain size, and each OpenMP
         # region waits for a free core; on a busy 2-core machine that measured 10 ms per op vs 0.1 ms here.
         x = self.images.numpy()[image_rows]
+        if self.shift:
+            x = self._translate(x, indices)
         if not self.uint8:
             x = x.astype(np.float32)
             x *= self._scale.numpy()
             x -= self._shift.numpy()
         return torch.from_numpy(x), torch.from_numpy(self.labels.numpy()[label_rows])
+
+    def _translate(self, x: np.ndarray, indices: Sequence[int]) -> np.ndarray:
+        """Shift each image by (dy, dx) drawn from its sample's stream (seeded by seed, epoch and index under
+        ShardSampler, so a resumed run sees the same shifts); pixels moved in are 0."""
+        s = self.shift
+        _, _, h, w = x.shape
+        padded = np.pad(x, ((0, 0), (0, 0), (s, s), (s, s)))
+        out = np.empty_like(x)
+        for i, index in enumerate(indices):
+            dy, dx = sample_rng(index).integers(-s, s + 1, size=2)
+            out[i] = padded[i, :, s - dy: s - dy + h, s - dx: s - dx + w]
+        return out
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x, y = self.__getitems__([index])
@@ -65,7 +85,7 @@ class TensorImageDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.asarray(indices, dtype=np.int64)
-        return self._batch(rows, rows)
+        return self._batch(rows, rows, indices)
 
 
 def passthrough_collate(batch):
