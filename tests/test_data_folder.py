@@ -97,6 +97,26 @@ def test_skip_corrupt_substitutes_next_valid_and_counts(tmp_path):
     assert sum(len(y) for _, y in batches) == 4 and ds.skipped == 2 + 3  # index 1 skips two files, 2 one
 
 
+def test_evaluation_drops_corrupt_images_instead_of_counting_a_substitute_twice(tmp_path):
+    from torchboost.train.model import Model
+
+    t = eval_transform(16, IMAGENET_MEAN, IMAGENET_STD)
+    ds = ImageFolder(corrupt_folder(tmp_path), t, skip_corrupt=True, drop_corrupt=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert ds[1] is None and ds[2] is None and ds.skipped == 2
+        for workers in (0, 2):
+            batches = list(build_loader(ds, 1, train=False, workers=workers, persistent_workers=False))
+            assert [b is None for b in batches] == [False, True, True, False]  # 1.jpg, 2.jpg are corrupt
+            pairs = list(build_loader(ds, 2, train=False, workers=workers, persistent_workers=False))
+            assert [len(y) for _, y in pairs] == [1, 1]
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2))
+        res = Model(net, torch.nn.CrossEntropyLoss(), None).eval(build_loader(ds, 2, train=False))
+    readable = torch.stack([ds[0][0], ds[3][0]])  # reference: the two readable images only
+    want = (net(readable).argmax(1) == 0).float().mean().item()
+    assert res["samples"] == 2 and res["top_1_accuracy"] == pytest.approx(want)
+
+
 def test_augmentation_is_identical_for_any_number_of_workers(tmp_path):
     ds = ImageFolder(make_folder(tmp_path, per_class=4), train_transform(24, IMAGENET_MEAN, IMAGENET_STD))
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
-from torchboost.data.folder import ImageFolder, read_image
+from torchboost.data.folder import ImageFolder, drop_missing_collate, read_image
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
 from torchboost.data.synthetic import SyntheticImages
@@ -71,7 +71,8 @@ def _folder(cfg: Any, split: str) -> ImageFolder:
         transform = train_transform(size, mean, std, uint8=uint8)
     else:
         transform = eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875), uint8=uint8)
-    return ImageFolder(_split_dir(_path(cfg), split), transform, bool(_get(cfg, "skip_corrupt", False)))
+    return ImageFolder(_split_dir(_path(cfg), split), transform, bool(_get(cfg, "skip_corrupt", False)),
+                       drop_corrupt=split != "train")
 
 
 def eval_preprocess(cfg: Any) -> EvalTransform:
@@ -151,6 +152,6 @@ def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int
     generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=workers,
-        collate_fn=passthrough_collate if getattr(dataset, "batched", False) else None,
+        collate_fn=passthrough_collate if getattr(dataset, "batched", False) else drop_missing_collate,
         pin_memory=pin_memory, generator=generator, persistent_workers=persistent_workers and workers > 0,
         prefetch_factor=prefetch_factor if workers > 0 else None)

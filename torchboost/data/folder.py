@@ -1,11 +1,11 @@
 """ImageNet-style folders: root/<class>/**/<image>; class index = rank of the folder name in sorted order.
 
 Corrupt images are found lazily, when a sample is loaded (scanning a million files up front would cost
-minutes). By default the first one raises a DataError naming the file. With skip_corrupt=True it is
-replaced by the next readable sample in index order (wrapping around): batches stay full and shapes stay
-static, which BatchNorm, DDP and compiled steps expect; `skipped` counts the replacements made in every
-process, and each corrupt file is warned about once per process. The price: under skip_corrupt an
-evaluation counts the substitute twice, so fix the folder before reporting final figures.
+minutes). By default the first one raises a DataError naming the file. With skip_corrupt=True a training
+set replaces it by the next readable sample in index order (wrapping around): batches stay full and shapes
+stay static, which BatchNorm, DDP and compiled steps expect. An evaluation set (drop_corrupt=True) returns
+None instead, and `drop_missing_collate` leaves it out of the batch, so metrics cover exactly the readable
+images. `skipped` counts the corrupt samples met in every process; each file is warned about once per process.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from torchboost.data.sampling import sample_rng
 from torchboost.errors import DataError
@@ -52,6 +52,12 @@ def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
+def drop_missing_collate(batch: list[Any]) -> Any:
+    """default_collate without the samples a dataset dropped (None); None when none is left."""
+    kept = [b for b in batch if b is not None]
+    return default_collate(kept) if kept else None
+
+
 def read_image(path: str | Path, transform: Callable[..., Any]) -> Any:
     """One image file through an evaluation transform; an unreadable file raises a one-line DataError."""
     try:
@@ -70,15 +76,16 @@ class ImageFolder(Dataset):
     the sample's random stream; transform=None returns the decoded PIL image.
     """
 
-    def __init__(self, root: str | Path, transform: Callable[..., Any] | None, skip_corrupt: bool = False
-                 ) -> None:
+    def __init__(self, root: str | Path, transform: Callable[..., Any] | None, skip_corrupt: bool = False,
+                 drop_corrupt: bool = False) -> None:
         self.root, self.transform, self.skip_corrupt = Path(root), transform, skip_corrupt
+        self.drop_corrupt = drop_corrupt  # with skip_corrupt: None instead of a substitute (evaluation)
         self.classes, self.samples = find_samples(root)
         self._skipped = torch.zeros(_SLOTS, dtype=torch.int64).share_memory_()  # seen by every worker
 
     @property
     def skipped(self) -> int:
-        """Corrupt samples replaced so far, summed over the main process and all workers."""
+        """Corrupt samples replaced or dropped so far, summed over the main process and all workers."""
         return int(self._skipped.sum())
 
     def __len__(self) -> int:
@@ -91,7 +98,7 @@ class ImageFolder(Dataset):
                 return img
             return self.transform(img, sample_rng(index))
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
         n = len(self.samples)
         for offset in range(n if self.skip_corrupt else 1):
             path, label = self.samples[(int(index) + offset) % n]
@@ -105,4 +112,6 @@ class ImageFolder(Dataset):
                 worker = get_worker_info()
                 self._skipped[0 if worker is None else 1 + worker.id % (_SLOTS - 1)] += 1
                 warnings.warn(f"skipping corrupt image {path} ({type(e).__name__}: {e})", stacklevel=2)
+                if self.drop_corrupt:
+                    return None
         raise DataError(f"no readable image in {self.root}", "every image failed to decode; check the files")

@@ -230,7 +230,10 @@ class Model:
         net.eval()
         acc = MetricAccumulator(self.metrics)
         loss_fn = self.loss_fn or nn.CrossEntropyLoss()
-        for x, y in data:
+        for batch in data:
+            if batch is None:  # every sample of this batch was a dropped corrupt image
+                continue
+            x, y = batch
             x = prepare_input(x, self.device, self.channels_last, self.input_norm)
             y = y.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
