@@ -11,7 +11,7 @@ from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.optim.thor import THOR, thor
-from thor_nets import batch, mlp
+from thor_nets import batch, mlp, train_step
 
 
 def linear_stats(net: nn.Sequential, x, y):
@@ -38,12 +38,6 @@ def linear_stats(net: nn.Sequential, x, y):
 def direction(A, G, grad, lam):
     s = np.sqrt(lam)
     return np.linalg.inv(G + s * np.eye(len(G))) @ grad @ np.linalg.inv(A + s * np.eye(len(A)))
-
-
-def train_step(net, opt, x, y):
-    opt.zero_grad()
-    F.cross_entropy(net(x), y).backward()
-    opt.step()
 
 
 def test_non_refresh_steps_reuse_the_stored_inverses():

@@ -12,7 +12,7 @@ from torch import nn
 
 from torchboost.errors import CheckpointError
 from torchboost.optim.thor import THOR
-from thor_nets import batch, mlp
+from thor_nets import batch, mlp, train_step
 
 LAM = 0.1
 
@@ -34,12 +34,6 @@ def factors(net: nn.Sequential, x, y) -> dict[str, tuple[np.ndarray, np.ndarray]
     return {k: (acts[k].T @ acts[k] / n, (o.grad * n).numpy().T @ (o.grad * n).numpy() / n) for k, o in outs.items()}
 
 
-def run(net, opt, x, y):
-    opt.zero_grad()
-    F.cross_entropy(net(x), y).backward()
-    opt.step()
-
-
 def test_factor_decay_with_separate_factor_and_inverse_intervals():
     net = mlp()
     decay = 0.7
@@ -49,7 +43,7 @@ def test_factor_decay_with_separate_factor_and_inverse_intervals():
         fresh = factors(net, *batch(k))
         avg = fresh if not avg else {n: tuple(decay * o + (1 - decay) * f for o, f in zip(avg[n], fresh[n]))
                                      for n in fresh}
-        run(net, opt, *batch(k))
+        train_step(net, opt, *batch(k))
         for n, (A, G) in avg.items():
             np.testing.assert_allclose(opt.layers[n].A[0, 0].numpy(), A, rtol=1e-10, atol=1e-13)
             np.testing.assert_allclose(opt.layers[n].G[0, 0].numpy(), G, rtol=1e-10, atol=1e-13)
@@ -68,7 +62,7 @@ def test_trace_based_refresh_skips_layers_whose_trace_barely_moved():
     ref_trace, expected_skips = {}, {"0": 0, "2": 0}
     for k in range(8):
         fresh = factors(net, *batch(k % 2, n=10 + k))
-        run(net, opt, *batch(k % 2, n=10 + k))
+        train_step(net, opt, *batch(k % 2, n=10 + k))
         for n, (A, G) in fresh.items():
             t = np.trace(A) * np.trace(G)
             if n in ref_trace and abs(t - ref_trace[n]) <= thr * abs(ref_trace[n]):
@@ -88,7 +82,7 @@ def test_growing_interval_after_skips_and_no_capture_in_between():
     captured = []
     for k in range(12):
         captured.append(opt.layers["0"].capture.enabled)
-        run(net, opt, *batch(k))
+        train_step(net, opt, *batch(k))
         if k == 0:
             first = opt.layers["0"].A_inv
     # refresh at 0, skips at 1 (interval -> 2), 3 (-> 4), 7 (capped at 4), 11
@@ -115,11 +109,11 @@ def test_state_dict_resume_is_exact(split_dim, method):
 
     full_net, full_opt = make()
     for k in range(7):
-        run(full_net, full_opt, *data(k))
+        train_step(full_net, full_opt, *data(k))
 
     net, opt = make()
     for k in range(3):
-        run(net, opt, *data(k))
+        train_step(net, opt, *data(k))
     buf = io.BytesIO()
     torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, buf)
     buf.seek(0)
@@ -129,7 +123,7 @@ def test_state_dict_resume_is_exact(split_dim, method):
     opt2.load_state_dict(ckpt["opt"])
     assert opt2.update_index == 3 and opt2.counters == opt.counters
     for k in range(3, 7):
-        run(net2, opt2, *data(k))
+        train_step(net2, opt2, *data(k))
     for p, q in zip(net2.state_dict().values(), full_net.state_dict().values()):
         assert torch.equal(p, q)
     assert opt2.counters == full_opt.counters
@@ -138,7 +132,7 @@ def test_state_dict_resume_is_exact(split_dim, method):
 def test_loading_state_saved_with_another_split_dim_is_refused():
     net = mlp()
     opt = THOR(net, lr=0.05, damping=LAM, split_dim=3)
-    run(net, opt, *batch(0))
+    train_step(net, opt, *batch(0))
     other = THOR(mlp(), lr=0.05, damping=LAM, split_dim=None)
     with pytest.raises(CheckpointError, match="split_dim"):
         other.load_state_dict(opt.state_dict())
