@@ -65,12 +65,11 @@ def _folder_stats(cfg: Any) -> tuple[int, tuple, tuple]:
 
 
 def _folder(cfg: Any, split: str) -> ImageFolder:
-    size, mean, std = _folder_stats(cfg)
-    uint8 = bool(_get(cfg, "normalize_on_device", False))
     if split == "train":
-        transform = train_transform(size, mean, std, uint8=uint8)
+        size, mean, std = _folder_stats(cfg)
+        transform: Any = train_transform(size, mean, std, uint8=bool(_get(cfg, "normalize_on_device", False)))
     else:
-        transform = eval_transform(size, mean, std, _get(cfg, "crop_pct", 0.875), uint8=uint8)
+        transform = eval_preprocess(cfg)
     return ImageFolder(_split_dir(_path(cfg), split), transform, bool(_get(cfg, "skip_corrupt", False)),
                        drop_corrupt=split != "train")
 
