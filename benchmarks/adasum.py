@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torchboost.boost.adasum import AdasumHook, adasum_reduce
+from torchboost.boost.adasum import AdasumHook
+from torchboost.dist import adasum_reduce
 from torchboost.data import build_loader
 from torchboost.data.builtin import load_builtin
 from torchboost.dist import all_reduce_sum, init_distributed, launch, wrap_ddp

@@ -28,17 +28,13 @@ import torch.nn.functional as F
 from torchboost.bench import BenchOptions, make_step, time_steps
 from torchboost.data import SyntheticImages, build_loader
 from torchboost.models import create_model
+from torchboost.train.device import cpu_has_bf16
 from torchboost.train.step import prepare_input
 
 CPU_CONFIGS = {  # name: (precision, channels_last)
     "fp32 NCHW": ("fp32", False), "fp32 channels_last": ("fp32", True),
     "bf16 NCHW": ("bf16", False), "bf16 channels_last": ("bf16", True),
 }
-
-
-def cpu_has_bf16() -> bool:
-    """bf16 matmul/conv units (AVX-512-bf16 or AMX); without them oneDNN emulates bf16, slower than fp32."""
-    return any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
 
 
 def timed(fn: Callable[[], object]) -> tuple[float, float]:

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchboost.boost.adasum import AdasumHook, adasum_combine, adasum_reduce, hierarchical_groups
+from torchboost.boost.adasum import AdasumHook
+from torchboost.dist import adasum_combine, adasum_reduce, hierarchical_groups
 from torchboost.dist import init_distributed, launch
 
 pytestmark = pytest.mark.dist

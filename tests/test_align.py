@@ -10,7 +10,7 @@ from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.migrate.align import NameMap, align_dump, align_modules, dump_step, load_reference
-from torchboost.migrate.align_config import align_from_config
+from torchboost.recipe.align import align_from_config
 from torchboost.migrate.compare import compare_tensors, judge
 from torchboost.models import create_model
 
@@ -234,8 +234,8 @@ def test_align_from_config_and_reference_callable(tmp_path):
 def test_diff_config_recipes_match_their_yaml(tmp_path):
     import yaml
 
-    from torchboost.config import RECIPES_DIR, Config, dump_config, load_config
-    from torchboost.diff_config import diff_configs, flatten
+    from torchboost.recipe.config import RECIPES_DIR, Config, dump_config, load_config
+    from torchboost.recipe.diff import diff_configs, flatten
 
     diff = diff_configs("digits-lenet", "mnist-lenet")
     # independent: both recipes start from the dataclass defaults, so a key differs exactly when the two

@@ -147,8 +147,8 @@ def test_dim_reduce_plan_gives_dim_reduce_optimizer(tmp_path):
 
 
 def test_gradient_split_groups_set_the_ddp_fusion_config():
-    from torchboost.config import load_config
-    from torchboost.train.runner import fusion_config
+    from torchboost.recipe.config import load_config
+    from torchboost.recipe.run import fusion_config
 
     plan = resolve_boost("O1", {"common": {"gradient_split_groups": [3, 9]}})
     assert fusion_config(load_config("digits-lenet"), plan) == [3, 9]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from torchboost.config import Config, list_recipes, load_config, parse_override
+from torchboost.recipe.config import Config, list_recipes, load_config, parse_override
 from torchboost.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def test_unknown_recipe_suggests(tmp_path):
 
 
 def test_to_dict_round_trip():
-    from torchboost.config import _merge
+    from torchboost.recipe.config import _merge
 
     cfg = load_config("resnet50-imagenet-sgd", ["data.path=/x"])
     again = Config()

@@ -15,7 +15,7 @@ from torch import nn
 
 from torchboost.dist import (DistInfo, all_reduce_sum, any_rank, fusion_bucket_caps_mb, guard, init_distributed,
                              launch, wrap_ddp)
-from torchboost.dist_launch import free_port
+from torchboost.dist.launch import free_port
 from torchboost.errors import ConfigError, DistributedError
 
 B, STEPS = 6, 5

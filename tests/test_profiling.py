@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from torchboost.profiling import DataStarvationMonitor, ProfilerCallback
+from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.callbacks import Callback
 from torchboost.train.model import Model
 

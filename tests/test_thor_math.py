@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchboost.optim.thor import THOR
-from torchboost.optim.thor_inverse import damped_inverse
+from torchboost.optim.thor.inverse import damped_inverse
 
 LAM = 0.05
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")

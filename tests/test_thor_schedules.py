@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from torchboost.errors import ConfigError
-from torchboost.optim.thor_schedules import get_thor_damping, get_thor_lr
+from torchboost.optim.thor.schedules import get_thor_damping, get_thor_lr
 
 
 def zoo_lr(lr_init, decay, total_epochs, steps_per_epoch, decay_epochs):

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from torchboost.cli import main
-from torchboost.config import load_config
+from torchboost.recipe.config import load_config
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
-from torchboost.train.runner import train_from_config
+from torchboost.recipe.run import train_from_config
 
 FAST = ["train.progress_bar=false", "schedule.mode=constant", "train.log_every=1000"]
 
@@ -141,7 +141,7 @@ def test_thor_and_boost_through_the_recipe_path(tmp_path):
     boost = train_from_config(_cfg(tmp_path / "o1", "train.epochs=2", "boost.level=O1",
                                    "boost.config={grad_freeze: {param_groups: 2}}"))
     assert boost.eval_results["val_top_1_accuracy"] >= 0.9
-    from torchboost.train.runner import evaluate_checkpoint  # less_bn-changed structure reloads for eval
+    from torchboost.recipe.run import evaluate_checkpoint  # less_bn-changed structure reloads for eval
 
     assert evaluate_checkpoint(str(boost.last_checkpoint))["top_1_accuracy"] == pytest.approx(
         boost.eval_results["val_top_1_accuracy"])
@@ -152,7 +152,7 @@ def test_predict_matches_the_evaluation_path(tmp_path, capsys):
     from PIL import Image
 
     from torchboost.data import build_dataset
-    from torchboost.train.runner import model_from_checkpoint, predict_images
+    from torchboost.recipe.run import model_from_checkpoint, predict_images
 
     run = train_from_config(_cfg(tmp_path / "run", "train.epochs=1"))
     ds = build_dataset(load_config("digits-lenet").data, "test")

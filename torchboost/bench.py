@@ -23,7 +23,8 @@ from torch import nn
 from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, train_transform
 from .errors import ConfigError, DataError
 from .models import create_model, list_models
-from .train.model import Model, default_device
+from .train.device import resolve_device
+from .train.model import Model
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("train", "data", "both")
@@ -221,7 +222,7 @@ def diagnose(step_ips: float, data_ips: dict[int, float], wait_share: Optional[f
 def run_bench(params: Any) -> tuple[dict[str, Any], str]:
     """Run what `params` (BenchOptions, argparse Namespace or dict) asks; returns (result dict, table)."""
     opts = BenchOptions.from_params(params)
-    device = torch.device(opts.device) if opts.device else default_device()
+    device = resolve_device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {opts.device} but this torch sees no CUDA device", "use --device cpu")
     result: dict[str, Any] = {"options": asdict(opts), "device": str(device), "threads": torch.get_num_threads()}

@@ -13,8 +13,8 @@ DEFAULT_RECIPE = "mnist-lenet"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .train.runner import train_from_config
+    from .recipe.config import load_config
+    from .recipe.run import train_from_config
 
     overrides = list(args.set or [])
     if args.data:
@@ -28,7 +28,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .train.runner import evaluate_checkpoint
+    from .recipe.run import evaluate_checkpoint
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema)
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
@@ -36,7 +36,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .train.runner import predict_images
+    from .recipe.run import predict_images
 
     for path, preds in zip(args.images, predict_images(args.checkpoint, args.images, args.topk)):
         print(f"{path}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
@@ -44,7 +44,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from .config import list_recipes, resolve_recipe
+    from .recipe.config import list_recipes, resolve_recipe
 
     if args.action == "show":
         if not args.name:
@@ -76,7 +76,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_align(args: argparse.Namespace) -> int:
-    from .migrate.align_config import align_from_config
+    from .recipe.align import align_from_config
 
     result = align_from_config(
         args.config, reference=args.reference, reference_config=args.reference_config,
@@ -96,7 +96,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
 def _cmd_diff_config(args: argparse.Namespace) -> int:
     import json
 
-    from .diff_config import diff_configs
+    from .recipe.diff import diff_configs
 
     diff = diff_configs(args.a, args.b, args.set_a or [], args.set_b or [])
     print(diff.table(all_keys=args.all))

@@ -162,9 +162,9 @@ def layer_stats_from_config(config: str, overrides: Sequence[str] = (), *, check
                             train_mode: bool = True) -> LayerStatsReport:
     """What `torchboost debug-layers` runs: the recipe's model (weights from `checkpoint` when given) on
     one batch of its data ("data": first test images; "random": seeded noise of the recipe's shape)."""
-    from .builders import build_loss, build_model
-    from .config import load_config
-    from .migrate.align_config import config_batch
+    from .recipe.align import config_batch
+    from .recipe.build import build_loss, build_model
+    from .recipe.config import load_config
     from .seed import seed_everything
     from .train.checkpoint import load_checkpoint, load_model_state
 

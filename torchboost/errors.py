@@ -1,5 +1,8 @@
 """Errors a user can act on. The CLI prints them as one line: `error: <what> — <how to fix>`."""
 
+import difflib
+from typing import Iterable
+
 
 class TorchboostError(Exception):
     """Base class: `what` says what is wrong, `fix` says what to do about it."""
@@ -24,3 +27,10 @@ class CheckpointError(TorchboostError):
 
 class DistributedError(TorchboostError):
     """Process-group problems: a rank died, timeouts, unsupported world sizes."""
+
+
+def suggest(key: str, valid: Iterable[str]) -> str:
+    """The fix half of an 'unknown X' error: the closest valid name, else the list of valid ones."""
+    valid = list(valid)
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid) or 'none'}"

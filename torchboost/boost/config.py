@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from torchboost.config import suggest
-from torchboost.errors import ConfigError
+from torchboost.errors import ConfigError, suggest
 
 from .options import (
     AdasumOptions,

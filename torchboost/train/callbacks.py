@@ -11,56 +11,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
-from .checkpoint import atomic_save, checkpoint_name, prune_checkpoints
-
-if TYPE_CHECKING:
-    from .model import Model
-    from .step import StepOutput
-
-
-def is_main_process() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-@dataclass
-class TrainState:
-    """What callbacks see (MindSpore's `run_context.original_args()`)."""
-
-    model: "Model"
-    epochs: int
-    steps_per_epoch: int
-    output_dir: Optional[Path] = None
-    epoch: int = 0  # 0-based index of the current epoch
-    step_in_epoch: int = 0  # updates done in the current epoch
-    global_step: int = 0  # updates done since the start of training
-    batch_size: int = 0  # samples per update on this process
-    output: Optional["StepOutput"] = None
-    data_time: float = 0.0  # seconds waiting for the last update's batches
-    step_time: float = 0.0  # seconds for the whole last update, data wait included
-    eval_results: dict = field(default_factory=dict)
-    epoch_loss_sum: Any = 0.0  # tensor sum over the epoch; synced only at epoch end
-    epoch_samples: int = 0
-    epoch_correct: Any = 0
-    stop_training: bool = False
-    log_fn: Any = print
-
-    def log(self, msg: str) -> None:
-        self.log_fn(msg)
-
-
-class Callback:
-    """Override the hook points you need."""
-
-    def on_train_begin(self, state: TrainState) -> None: ...
-    def on_train_epoch_begin(self, state: TrainState) -> None: ...
-    def on_train_step_end(self, state: TrainState) -> None: ...
-    def on_train_epoch_end(self, state: TrainState) -> None: ...
-    def on_train_end(self, state: TrainState) -> None: ...
+from torchboost.dist import get_world_size, is_main as is_main_process
+from torchboost.train.checkpoint import atomic_save, checkpoint_name, prune_checkpoints
+from torchboost.train.state import Callback, TrainState
 
 
 class LossMonitor(Callback):
@@ -98,7 +55,7 @@ class TimeMonitor(Callback):
     def on_train_epoch_end(self, state: TrainState) -> None:
         elapsed = state.eval_results.get("train_time_s") or (time.perf_counter() - self._t0)
         steps = max(self._steps, 1)
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        world = get_world_size()
         state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {elapsed * 1000 / steps:.3f} ms, "
                   f"{self._samples * world / max(elapsed, 1e-9):.1f} images/s")
 
@@ -283,12 +240,3 @@ class ProgressBar(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def summarize_epoch(state: TrainState) -> dict[str, Any]:
-    """Train-side epoch metrics from the tensors accumulated during the epoch (one sync, at epoch end)."""
-    n = max(state.epoch_samples, 1)
-    out = {"train_loss": float(torch.as_tensor(state.epoch_loss_sum).item()) / n}
-    if not isinstance(state.epoch_correct, (int, float)) or state.epoch_correct:
-        out["train_top_1_accuracy"] = float(torch.as_tensor(state.epoch_correct).item()) / n
-    return out

@@ -17,37 +17,16 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from .callbacks import Callback, TrainState, summarize_epoch
+from .state import Callback, TrainState, summarize_epoch
 from .checkpoint import load_checkpoint, load_model_state, rng_state, set_rng_state
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import DynamicLossScaleManager, LossScaleManager
 from .metrics import METRIC_NAMES, MetricAccumulator
+from .device import amp_dtype_for, cpu_has_bf16, resolve_device
 from .step import TrainStep, prepare_input
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] = None) -> torch.dtype:
-    """bf16 on CPU; on CUDA bf16 where the GPU supports it, else fp16 (which then needs loss scaling)."""
-    if isinstance(requested, torch.dtype):
-        return requested
-    if requested in ("bfloat16", "float16"):
-        return getattr(torch, requested)
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
-
-
-def cpu_has_bf16() -> bool:
-    """AVX-512-BF16 or AMX: without them oneDNN emulates bf16 and autocast slows training down."""
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, c, lambda: False)() for c in checks)
 
 
 class Model:
@@ -72,7 +51,7 @@ class Model:
             raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
         if accumulation_steps < 1:
             raise ConfigError(f"accumulation_steps must be >= 1, got {accumulation_steps}", "use 1 to disable")
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         self.network = network.to(self.device)
         self.module = getattr(network, "module", network)  # the bare model under a DDP wrapper
         if channels_last:

@@ -23,7 +23,7 @@ import inspect
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchboost.dist import DistInfo, guard
+from torchboost.dist.group import DistInfo, guard
 from torchboost.errors import ConfigError, DistributedError
 
 _MIB = 2**20
@@ -77,8 +77,3 @@ def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25,
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     with guard("DDP setup (parameter broadcast from rank 0)"):
         return DDP(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters, **kwargs)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DDP wrapper (for checkpoints and evaluation), else `model`."""
-    return model.module if isinstance(model, DDP) else model

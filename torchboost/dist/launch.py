@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from torchboost.dist.group import shutdown
 from torchboost.errors import DistributedError
 
 _GRACE_S = 5.0  # how long the other ranks may still run after one rank failed
@@ -49,9 +50,7 @@ def _child(fn: Callable[..., Any], rank: int, nprocs: int, port: int, args: tupl
         print(f"[rank {rank}] {tb}", file=sys.stderr, flush=True)
         results.put((rank, False, tb))
     finally:
-        from torchboost import dist as tbdist  # late: the parent may launch before importing dist
-
-        tbdist.shutdown(timeout_s=10)
+        shutdown(timeout_s=10)
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 300,

@@ -6,14 +6,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import Config
-from .errors import ConfigError
-from .losses import CrossEntropySmooth
-from .models import create_model
-from .optim.groups import param_groups
-from .optim.schedules import build_lr_schedule
-from .train.ema import ModelEMA
-from .train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
+from torchboost.errors import ConfigError
+from torchboost.losses import CrossEntropySmooth
+from torchboost.models import create_model
+from torchboost.optim import THOR, build_lr_schedule, get_thor_damping, get_thor_lr, param_groups
+from torchboost.recipe.config import Config
+from torchboost.train.ema import ModelEMA
+from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 
 
 def build_model(cfg: Config) -> nn.Module:
@@ -55,9 +54,6 @@ def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: i
         if o.weight_decay_groups:
             raise ConfigError("optim.weight_decay_groups is not supported with THOR",
                               "THOR takes one weight_decay; remove optim.weight_decay_groups")
-        from .optim.thor import THOR
-        from .optim.thor_schedules import get_thor_damping
-
         kw = dict(o.thor)
         damping = kw.pop("damping", 0.03)
         decay = kw.pop("damping_decay", None)
@@ -75,8 +71,6 @@ def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:
     s = cfg.schedule
     total = steps_per_epoch * cfg.train.epochs
     if s.mode == "thor":
-        from .optim.thor_schedules import get_thor_lr
-
         lrs = get_thor_lr(0, lr, s.lr_decay, int(s.lr_end_epoch), steps_per_epoch, int(s.decay_epochs))
         return np.asarray(lrs, dtype=np.float64)[:total]
     return build_lr_schedule(s.mode, lr, total, steps_per_epoch, warmup_epochs=s.warmup_epochs,
@@ -98,12 +92,3 @@ def build_ema(cfg: Config, model: nn.Module) -> ModelEMA | None:
     if not e.enabled:
         return None
     return ModelEMA(model, e.decay, e.warmup, e.warmup_gamma, e.warmup_power, e.buffers)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name} but CUDA is not available", "use --set train.device=cpu (or auto)")
-    return dev

@@ -8,11 +8,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ..config import Config, load_config
-from ..errors import ConfigError
-from ..seed import seed_everything
-from .align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
-from .align_report import AlignReport
+from torchboost.errors import ConfigError
+from torchboost.migrate.align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
+from torchboost.migrate.align_report import AlignReport
+from torchboost.recipe.config import Config, load_config
+from torchboost.seed import seed_everything
 
 
 def config_batch(cfg: Config, batch_size: int, source: str = "random", seed: int = 0) -> Batch:
@@ -25,7 +25,7 @@ def config_batch(cfg: Config, batch_size: int, source: str = "random", seed: int
         x = torch.randn(batch_size, cfg.model.in_chans, size, size, generator=g)
         return x, torch.randint(0, cfg.model.num_classes, (batch_size,), generator=g)
     if source == "data":
-        from ..data import build_dataset
+        from torchboost.data import build_dataset
 
         ds = build_dataset(cfg.data, "test")
         xs, ys = zip(*(ds[i] for i in range(min(batch_size, len(ds)))))
@@ -44,7 +44,7 @@ def _name_map(spec: Optional[str], cfg: Config) -> Optional[NameMap]:
 
 
 def _build(cfg: Config) -> nn.Module:
-    from ..builders import build_model
+    from torchboost.recipe.build import build_model
 
     seed_everything(cfg.train.seed)
     return build_model(cfg)
@@ -58,7 +58,7 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
     """What `torchboost align` runs. Exactly one of reference / reference_config / reference_dump, or
     dump_ours alone (write our step as a dump directory for another framework; returns its path).
     Loss and optimizer come from `config` and are used on both sides."""
-    from ..builders import build_loss, build_optimizer, effective_lr
+    from torchboost.recipe.build import build_loss, build_optimizer, effective_lr
 
     chosen = [s for s in (reference, reference_config, reference_dump, dump_ours) if s]
     if len(chosen) != 1:

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from torchboost.errors import CheckpointError
-from torchboost.optim.thor_factors import LayerCapture, factor_dtype
-from torchboost.optim.thor_inverse import block_shape, block_size, damped_inverse, precondition
+from torchboost.optim.thor.factors import LayerCapture, factor_dtype
+from torchboost.optim.thor.inverse import block_shape, block_size, damped_inverse, precondition
 
 # Saved by state_dict; everything else is rebuilt from the model.
 _STATE_KEYS = ("A", "G", "T", "A_inv", "G_inv", "trace_ref", "next_factor", "next_inverse",

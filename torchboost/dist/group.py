@@ -2,8 +2,8 @@
 reductions, per-rank log files, error translation and a clean shutdown.
 
 Every helper also works in a single process (no process group): reductions return their input, the
-barrier is a no-op, rank 0 of 1 is main. DDP wrapping is in `dist_ddp.py`, the in-process launcher in
-`dist_launch.py`; both are re-exported here.
+barrier is a no-op, rank 0 of 1 is main. DDP wrapping is in `ddp.py`, the in-process launcher in
+`launch.py`, the Adasum reduction in `adasum.py`; the package re-exports all of them.
 
 Launching (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT):
     one machine:   torchrun --nproc_per_node=4 -m torchboost train ...
@@ -244,11 +244,3 @@ def shutdown(timeout_s: float = 60) -> None:
             log.warning("shutdown barrier failed on rank %d: %s", get_rank(), str(e).splitlines()[0])
         dist.destroy_process_group()
     _INFO = DistInfo()
-
-
-from torchboost.dist_ddp import fusion_bucket_caps_mb, unwrap, wrap_ddp  # noqa: E402  (re-export)
-from torchboost.dist_launch import launch  # noqa: E402  (re-export)
-
-__all__ = ["DistInfo", "init_distributed", "info", "is_main", "get_rank", "get_world_size", "guard",
-           "barrier", "all_reduce_sum", "all_reduce_mean", "any_rank", "broadcast_object", "broadcast_module",
-           "open_worklog", "shutdown", "wrap_ddp", "unwrap", "fusion_bucket_caps_mb", "launch"]

@@ -10,20 +10,21 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .. import dist
-from ..builders import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer, build_schedule,
-                        effective_lr, resolve_device)
-from ..config import Config, dump_config
-from ..errors import ConfigError
-from ..data import build_dataset, build_loader
-from ..profiling import DataStarvationMonitor, ProfilerCallback
-from ..seed import seed_everything
-from .callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
+from torchboost import dist
+from torchboost.data import build_dataset, build_loader
+from torchboost.errors import ConfigError
+from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer,
+                                     build_schedule, effective_lr)
+from torchboost.recipe.config import Config, dump_config
+from torchboost.seed import seed_everything
+from torchboost.train.device import resolve_device
+from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
+from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
                         TensorBoard, TimeMonitor, is_main_process)
-from .model import Model
+from torchboost.train.model import Model
 
 if TYPE_CHECKING:
-    from ..boost.config import BoostPlan
+    from torchboost.boost.config import BoostPlan
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
 
     net = build_model(cfg).to(device)
     if cfg.train.init_weights:
-        from .checkpoint import load_checkpoint, load_model_state
+        from torchboost.train.checkpoint import load_checkpoint, load_model_state
 
         state = load_checkpoint(cfg.train.init_weights, map_location=device)
         load_model_state(net, state.get("model", state), source=cfg.train.init_weights)
@@ -88,7 +89,7 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     plan = None
     accumulation = cfg.train.accumulation_steps
     if cfg.boost.level != "O0" or cfg.boost.config:
-        from ..boost import build_boost, resolve_boost
+        from torchboost.boost import build_boost, resolve_boost
 
         plan = resolve_boost(cfg.boost.level, cfg.boost.config, world_size=info.world_size)
         if plan.on("grad_accumulation"):
@@ -107,7 +108,7 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
     lr = effective_lr(cfg, 1 if adasum else info.world_size)
     optimizer = None
     if plan is not None:
-        from ..boost import boost_optimizer
+        from torchboost.boost import boost_optimizer
 
         optimizer = boost_optimizer(plan, net)  # DimReduce when dim_reduce is on
     optimizer = optimizer or build_optimizer(cfg, net, lr, steps_per_epoch)
@@ -167,9 +168,9 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
 
 def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Config, dict]:
     """Rebuild the trained network from a checkpoint's saved config (no recipe needed)."""
-    from ..config import _merge
-    from ..errors import CheckpointError
-    from .checkpoint import load_checkpoint, load_model_state
+    from torchboost.errors import CheckpointError
+    from torchboost.recipe.config import _merge
+    from torchboost.train.checkpoint import load_checkpoint, load_model_state
 
     ckpt = load_checkpoint(path)
     if "config" not in ckpt:
@@ -179,7 +180,7 @@ def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Confi
     dev = resolve_device(device)
     net = build_model(cfg)
     if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
-        from ..boost import resolve_boost, transform_model
+        from torchboost.boost import resolve_boost, transform_model
 
         transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
     load_model_state(net, ckpt["model"], source=str(path))
@@ -196,7 +197,7 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
             cfg.data.dataset = "folder"
     if use_ema:
         if "ema" not in ckpt:
-            from ..errors import CheckpointError
+            from torchboost.errors import CheckpointError
 
             raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
         model.network.load_state_dict(ckpt["ema"]["module"])
@@ -215,7 +216,7 @@ def fusion_config(cfg: Config, plan: BoostPlan | None) -> list[int] | None:
 
 def predict_images(path: str, images: list[str], topk: int = 5) -> list[list[tuple[str, float]]]:
     """Top-k (class, probability) for each image file, preprocessed like the run's evaluation data."""
-    from ..data import eval_preprocess, read_image
+    from torchboost.data import eval_preprocess, read_image
 
     model, cfg, ckpt = model_from_checkpoint(path)
     classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from .config import Config, _merge, parse_override, resolve_recipe
-from .errors import CheckpointError, ConfigError
+from torchboost.errors import CheckpointError, ConfigError
+from torchboost.recipe.config import Config, _merge, parse_override, resolve_recipe
 
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth")
 ABSENT = "(absent)"
@@ -28,7 +28,7 @@ def _source(spec: str) -> dict:
     if path.is_dir() and (path / "config.yaml").is_file():
         path = path / "config.yaml"
     if path.suffix in CHECKPOINT_SUFFIXES:
-        from .train.checkpoint import load_checkpoint
+        from torchboost.train.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(path)
         if not isinstance(ckpt.get("config"), dict):

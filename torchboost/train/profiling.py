@@ -14,7 +14,8 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from .train.callbacks import Callback, TrainState, is_main_process
+from torchboost.dist import is_main as is_main_process
+from torchboost.train.state import Callback, TrainState
 
 
 class ProfilerCallback(Callback):

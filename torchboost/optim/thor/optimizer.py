@@ -25,10 +25,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from torchboost.errors import CheckpointError, ConfigError
-from torchboost.optim import thor_dist
-from torchboost.optim.thor_args import Schedule, Value, validate
-from torchboost.optim.thor_factors import DetachedHook, factor_dtype
-from torchboost.optim.thor_layer import ThorLayer, find_layers
+from torchboost.optim.thor import distributed as thor_dist
+from torchboost.optim.thor.args import Schedule, Value, validate
+from torchboost.optim.thor.factors import DetachedHook, factor_dtype
+from torchboost.optim.thor.layer import ThorLayer, find_layers
 
 
 class THOR(torch.optim.Optimizer):

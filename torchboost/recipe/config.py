@@ -7,7 +7,6 @@ be ignored silently), and values are checked against the field's type.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -16,7 +15,7 @@ from typing import Any, Iterable, Optional, Union
 
 import yaml
 
-from .errors import ConfigError
+from torchboost.errors import ConfigError, suggest
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -158,13 +157,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def suggest(key: str, valid: Iterable[str]) -> str:
-    """The fix half of an 'unknown X' error: the closest valid name, else the list of valid ones."""
-    valid = list(valid)
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    return f"did you mean '{close[0]}'?" if close else f"valid: {', '.join(valid) or 'none'}"
 
 
 def _check_value(value: Any, tp: Any, where: str) -> Any:

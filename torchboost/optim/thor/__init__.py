@@ -1,0 +1,12 @@
+"""THOR, MindSpore's second-order optimizer, as a torch.optim.Optimizer.
+
+One concern per module: `factors` captures layer inputs/output gradients (hooks), `inverse` builds the
+damped block-split inverses, `layer` holds one preconditioned layer's state, `distributed` averages
+factors and shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `args`
+validates the constructor's arguments and `optimizer` is the update itself.
+"""
+
+from torchboost.optim.thor.optimizer import THOR, thor
+from torchboost.optim.thor.schedules import get_thor_damping, get_thor_lr
+
+__all__ = ["THOR", "thor", "get_thor_lr", "get_thor_damping"]

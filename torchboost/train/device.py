@@ -1,0 +1,43 @@
+"""Which device and which autocast dtype a run uses."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from torchboost.errors import ConfigError
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """"auto"/None: CUDA when available, else CPU; a named device must exist here."""
+    if isinstance(name, torch.device):
+        return name
+    name = name or "auto"
+    if name == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name} requested but CUDA is not available", "use cpu or auto (train.device=cpu)")
+    return dev
+
+
+def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] = None) -> torch.dtype:
+    """bf16 on CPU; on CUDA bf16 where the GPU supports it, else fp16 (which then needs loss scaling)."""
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested in ("bfloat16", "float16"):
+        return getattr(torch, requested)
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def cpu_has_bf16() -> bool:
+    """AVX-512-BF16 or AMX: without them oneDNN emulates bf16 and autocast slows training down."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, c, lambda: False)() for c in checks)
