@@ -99,51 +99,105 @@ def test_output_shapes():
         assert g.conv1.weight.shape == (64, 1, 7, 7) and g(torch.randn(1, 1, 64, 64)).shape == (1, 7)
 
 
-def reference_forward(sd, x, layers, bottleneck, small_input=False, eps=1e-5):
-    """Eval-mode ResNet written with torch.nn.functional from the state dict only (float64)."""
+def tf_same_pads(size: int, k: int, s: int) -> tuple[int, int]:
+    """TensorFlow/MindSpore 'same': output ceil(size/s), the odd pixel of the total pad goes after."""
+    total = max((math.ceil(size / s) - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv_ref(x, w, stride=1, same=False):
+    """A conv with torch's symmetric k//2 padding, or explicitly 'same'-padded then valid."""
+    k = w.shape[-1]
+    if not same:
+        return F.conv2d(x, w, stride=stride, padding=k // 2)
+    (top, bottom), (left, right) = tf_same_pads(x.shape[2], k, stride), tf_same_pads(x.shape[3], k, stride)
+    return F.conv2d(F.pad(x, (left, right, top, bottom)), w, stride=stride)
+
+
+def maxpool_ref(x, same=False):
+    if not same:
+        return F.max_pool2d(x, 3, 2, 1)
+    (top, bottom), (left, right) = tf_same_pads(x.shape[2], 3, 2), tf_same_pads(x.shape[3], 3, 2)
+    return F.max_pool2d(F.pad(x, (left, right, top, bottom), value=-math.inf), 3, 2)
+
+
+def reference_forward(sd, x, layers, bottleneck, small_input=False, eps=1e-5, same=False):
+    """Eval-mode ResNet written with torch.nn.functional from the state dict only (float64);
+    `same` pads every conv and the stem max-pool the MindSpore pad_mode='same' way."""
     def bn(p, t):
         return F.batch_norm(t, sd[f"{p}.running_mean"], sd[f"{p}.running_var"], sd[f"{p}.weight"],
                             sd[f"{p}.bias"], training=False, eps=eps)
 
     if small_input:
-        x = F.relu(bn("bn1", F.conv2d(x, sd["conv1.weight"], padding=1)))
+        x = F.relu(bn("bn1", conv_ref(x, sd["conv1.weight"], same=same)))
     else:
-        x = F.relu(bn("bn1", F.conv2d(x, sd["conv1.weight"], stride=2, padding=3)))
-        x = F.max_pool2d(x, 3, 2, 1)
+        x = F.relu(bn("bn1", conv_ref(x, sd["conv1.weight"], 2, same)))
+        x = maxpool_ref(x, same)
     for stage, n in enumerate(layers, start=1):
         for i in range(n):
             p = f"layer{stage}.{i}"
             s = 2 if (i == 0 and stage > 1) else 1
             idn = x
             if f"{p}.downsample.0.weight" in sd:
-                idn = bn(f"{p}.downsample.1", F.conv2d(x, sd[f"{p}.downsample.0.weight"], stride=s))
+                idn = bn(f"{p}.downsample.1", conv_ref(x, sd[f"{p}.downsample.0.weight"], s, same))
             if bottleneck:
-                y = F.relu(bn(f"{p}.bn1", F.conv2d(x, sd[f"{p}.conv1.weight"])))
-                y = F.relu(bn(f"{p}.bn2", F.conv2d(y, sd[f"{p}.conv2.weight"], stride=s, padding=1)))
-                y = bn(f"{p}.bn3", F.conv2d(y, sd[f"{p}.conv3.weight"]))
+                y = F.relu(bn(f"{p}.bn1", conv_ref(x, sd[f"{p}.conv1.weight"], same=same)))
+                y = F.relu(bn(f"{p}.bn2", conv_ref(y, sd[f"{p}.conv2.weight"], s, same)))
+                y = bn(f"{p}.bn3", conv_ref(y, sd[f"{p}.conv3.weight"], same=same))
             else:
-                y = F.relu(bn(f"{p}.bn1", F.conv2d(x, sd[f"{p}.conv1.weight"], stride=s, padding=1)))
-                y = bn(f"{p}.bn2", F.conv2d(y, sd[f"{p}.conv2.weight"], padding=1))
+                y = F.relu(bn(f"{p}.bn1", conv_ref(x, sd[f"{p}.conv1.weight"], s, same)))
+                y = bn(f"{p}.bn2", conv_ref(y, sd[f"{p}.conv2.weight"], same=same))
             x = F.relu(y + idn)
     return x.mean((2, 3)) @ sd["fc.weight"].T + sd["fc.bias"]
+
+
+def randomize_bn(m):
+    """Non-trivial BN statistics so a mis-wired BN would show."""
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.1, 0.1); mod.running_var.uniform_(0.5, 1.5)
+                mod.weight.uniform_(0.5, 1.0); mod.bias.uniform_(-0.1, 0.1)
 
 
 @pytest.mark.parametrize("name,small", [("resnet18", True), ("resnet50", False)])
 def test_forward_matches_functional_reference(name, small):
     torch.manual_seed(0)
     m = create_model(name, num_classes=5, small_input=small).double().eval()
-    # Non-trivial BN statistics so a mis-wired BN would show.
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.1, 0.1); mod.running_var.uniform_(0.5, 1.5)
-                mod.weight.uniform_(0.5, 1.0); mod.bias.uniform_(-0.1, 0.1)
+    randomize_bn(m)
     x = torch.randn(2, 3, 32 if small else 64, 32 if small else 64, dtype=torch.float64)
     sd = {k: v.clone() for k, v in m.state_dict().items()}
     with torch.no_grad():
         got = m(x)
     want = reference_forward(sd, x, LAYERS[name], name == "resnet50", small_input=small)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_same_padding_matches_functional_reference(name):
+    """MindSpore pad_mode='same' vs explicit F.pad + valid conv/pool, on an odd height and an even width
+    (so both the symmetric and the asymmetric case of every strided layer run)."""
+    torch.manual_seed(0)
+    m = create_model(name, num_classes=5, padding="same").double().eval()
+    randomize_bn(m)
+    x = torch.randn(2, 3, 57, 64, dtype=torch.float64)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        got = m(x)
+    want = reference_forward(sd, x, LAYERS[name], name == "resnet50", same=True)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    torchlike = reference_forward(sd, x, LAYERS[name], name == "resnet50")
+    assert (got - torchlike).abs().max() > 1e-3  # the two paddings really differ on these sizes
+
+
+def test_same_and_torch_padding_share_the_state_dict():
+    torch.manual_seed(0)
+    same = create_model("resnet50", padding="same")
+    torch.manual_seed(0)
+    plain = create_model("resnet50")
+    a, b = same.state_dict(), plain.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    plain.load_state_dict(a, strict=True)
 
 
 def test_zero_init_last_bn():
@@ -205,3 +259,7 @@ def test_errors_and_listing():
         create_model("resnet18", image_size=3)
     with pytest.raises(ConfigError, match="init"):
         create_model("resnet18", init="xavier")
+    with pytest.raises(ConfigError, match="padding"):
+        create_model("resnet18", padding="valid")
+    with pytest.raises(ConfigError, match="padding"):
+        create_model("mnist_cnn", padding="same")

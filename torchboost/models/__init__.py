@@ -17,12 +17,12 @@ def list_models() -> list[str]:
 
 
 def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) -> nn.Module:
-    """Build a model by name. ResNets take zero_init_last_bn, init, small_input; mnist_cnn takes
-    image_size and init. An unknown name or keyword raises ConfigError."""
+    """Build a model by name. ResNets take zero_init_last_bn, init, small_input and padding ("torch" or
+    MindSpore's "same"); mnist_cnn takes image_size and init. An unknown name or keyword raises ConfigError."""
     if num_classes < 1 or in_chans < 1:
         raise ConfigError(f"num_classes={num_classes} and in_chans={in_chans} must be >= 1", "fix the model config")
     if name in ARCHS:
-        allowed = {"zero_init_last_bn", "init", "small_input"}
+        allowed = {"zero_init_last_bn", "init", "small_input", "padding"}
     elif name == "mnist_cnn":
         allowed = {"image_size", "init"}
     else:

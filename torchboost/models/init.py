@@ -7,8 +7,8 @@
   convs Xavier-uniform (gain 1), Dense weight truncated normal sigma 0.01 cut at +-2 sigma, bias 0,
   BN gamma=1 beta=0 and eps 1e-4. The zoo's BN momentum 0.9 is MindSpore's convention for torch's 0.1,
   PyTorch's default, so nothing changes there. For ResNet-18/34 the zoo builds the stem BN and the
-  downsample BN with eps 1e-5 (its `res_base` path), reproduced here. Its 'same' padding is a
-  different computation, not an init: torchboost.migrate.names.mindspore_notes reports it.
+  downsample BN with eps 1e-5 (its `res_base` path), reproduced here. Its pad_mode='same' is a
+  different computation, not an init: build with padding="same" (models/padding.py) to reproduce it.
 - "paddle" (MNIST CNN): PaddlePaddle's defaults: Conv2D weight N(0, sqrt(2 / fan_in)), Linear weight
   Xavier-uniform, biases 0.
 `zero_init_last_bn` zeroes gamma of each residual block's last BN (bn3 / bn2) so every block starts as
