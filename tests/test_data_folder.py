@@ -1,6 +1,5 @@
 """Image folders: discovery, error paths, corrupt images, worker determinism, the exported mnist5k folder."""
 
-import types
 import warnings
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from torchboost.data import build_dataset, build_loader
+from torchboost.data import build_loader
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
 from torchboost.data.folder import ImageFolder
@@ -142,21 +141,3 @@ def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path):
         x, label = ds[k]
         i = int(Path(ds.samples[k][0]).stem)  # files are named by their index in the built-in split
         assert torch.equal(x, data.images[i]) and label == int(data.labels[i])
-    # Through build_dataset and the normalized path as well.
-    cfg = types.SimpleNamespace(dataset="folder", path=str(out), image_size=28, channels=1, mean=data.mean,
-                                std=data.std, crop_pct=1.0, skip_corrupt=False, num_classes=10)
-    folder = build_dataset(cfg, "test")
-    x, label = folder[5]
-    i = int(Path(folder.samples[5][0]).stem)
-    torch.testing.assert_close(x, data[i][0])
-    assert label == data[i][1]
-
-
-def test_build_dataset_folder_needs_a_val_or_test_split(tmp_path):
-    make_folder(tmp_path / "train")
-    cfg = types.SimpleNamespace(dataset="folder", path=str(tmp_path), image_size=16)
-    assert len(build_dataset(cfg, "train")) == 9
-    with pytest.raises(DataError, match="no val/ or test/"):
-        build_dataset(cfg, "test")
-    make_folder(tmp_path / "val")
-    assert build_dataset(cfg, "test")[0][0].shape == (3, 16, 16)
