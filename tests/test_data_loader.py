@@ -10,6 +10,7 @@ from torchboost.data import build_loader
 from torchboost.data.builtin import _load_raw, load_builtin, stratified_split
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
 from torchboost.data.synthetic import SyntheticImages
+from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
 
 
@@ -39,6 +40,27 @@ def test_train_shards_are_equal_disjoint_and_reshuffled(world):
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(3 + epoch))[: n // world * world]
         assert shards[-1] == perm[world - 1 :: world].tolist()
     assert orders[0] != orders[1]
+
+
+def test_plain_loops_reshuffle_every_epoch_and_set_epoch_wins():
+    n = 100  # label i on sample i: a batch's labels are the indices it was drawn from
+    ds = TensorImageDataset(torch.zeros(n, 1, 2, 2, dtype=torch.uint8), torch.arange(n), [str(i) for i in range(n)],
+                            (0.5,), (0.5,))
+    perm = [torch.randperm(n, generator=torch.Generator().manual_seed(9 + e)).tolist() for e in range(3)]
+    loader = build_loader(ds, 16, train=True, seed=9)
+
+    def order():
+        return torch.cat([y for _, y in loader]).tolist()
+
+    assert [order() for _ in range(3)] == [p[:96] for p in perm]  # no set_epoch: epochs 0, 1, 2 by themselves
+    assert loader.sampler.epoch == 2
+    for _ in range(2):
+        loader.sampler.set_epoch(1)  # explicit epochs (what Model.train does) are followed exactly
+        assert order() == perm[1][:96]
+    loader.sampler.set_epoch(0, skip=32)  # a resumed epoch; the next plain loop is epoch 1, whole
+    assert order() == perm[0][32:96] and len(loader) == 4
+    assert order() == perm[1][:96] and len(loader) == 6
+    assert [int(i) for i in loader.sampler] == perm[2]  # iterating the sampler itself is an epoch too
 
 
 def test_skip_resumes_mid_epoch_and_indices_carry_seed_and_epoch():
@@ -109,6 +131,7 @@ def test_loader_batches_normalized_in_sampler_order(mnist_train):
     loader.sampler.set_epoch(0)
     batches = list(loader)
     assert len(batches) == len(loader) == 4000 // 128  # drop_last
+    loader.sampler.set_epoch(0)  # the order the loader just used (a plain second iteration is epoch 1)
     idx = list(loader.sampler)
     for k in (0, len(batches) - 1):
         x, y = batches[k]

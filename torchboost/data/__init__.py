@@ -23,13 +23,15 @@ __all__ = [
     "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD",
 ]
 
+
 def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int = 0, pin_memory: bool = False,
                  seed: int = 0, rank: int = 0, world_size: int = 1, persistent_workers: bool = True,
                  prefetch_factor: int = 2) -> DataLoader:
     """DataLoader over this rank's shard. Training: shuffled per epoch, drop_last (global and per batch);
-    evaluation: in order, every sample once across ranks. Call `loader.sampler.set_epoch(epoch, skip)`
-    before each epoch. Worker processes' python/numpy/torch RNGs are seeded by torch from the loader's
-    generator (seeded here from seed and rank); augmentation uses `sample_rng`, independent of workers."""
+    evaluation: in order, every sample once across ranks. Each new iteration is the next epoch;
+    `loader.sampler.set_epoch(epoch, skip)` selects one explicitly (resume). Worker processes'
+    python/numpy/torch RNGs are seeded by torch from the loader's generator (seeded here from seed and
+    rank); augmentation uses `sample_rng`, independent of workers."""
     sampler = ShardSampler(len(dataset), rank, world_size, shuffle=train, seed=seed, drop_last=train)
     generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return DataLoader(

@@ -47,6 +47,11 @@ class ShardSampler(Sampler[SampleIndex]):
     and takes positions rank::world_size of it. drop_last=True (training) first cuts the permutation to a
     multiple of world_size so all ranks yield the same count; drop_last=False (evaluation) covers every
     sample exactly once across ranks, without padding (shard lengths may differ by one).
+
+    Epochs: `set_epoch(epoch, skip)` selects the next iteration's epoch (the trainer calls it, for exact
+    resume). An iteration not preceded by a `set_epoch` call since the previous one starts the next epoch
+    (skip 0) by itself, so a hand-written `for x, y in loader` loop reshuffles every epoch. Iterating the
+    sampler to look at its order counts as an iteration too.
     """
 
     def __init__(self, n: int, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0,
@@ -56,10 +61,11 @@ class ShardSampler(Sampler[SampleIndex]):
         self.n, self.rank, self.world_size = n, rank, world_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch, self.skip = 0, 0
+        self._advance = False  # True once an iteration has used (epoch, skip) and no set_epoch came since
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         """Select the epoch; `skip` drops this rank's first samples (already consumed before a resume)."""
-        self.epoch, self.skip = epoch, skip
+        self.epoch, self.skip, self._advance = epoch, skip, False
 
     @property
     def num_samples(self) -> int:
@@ -79,6 +85,9 @@ class ShardSampler(Sampler[SampleIndex]):
         return order[self.rank :: self.world_size][self.skip :].tolist()
 
     def __iter__(self) -> Iterator[SampleIndex]:
+        if self._advance:
+            self.epoch, self.skip = self.epoch + 1, 0
+        self._advance = True
         seed, epoch = self.seed, self.epoch
         return (SampleIndex(i, seed, epoch) for i in self._shard())
 
