@@ -1,43 +1,14 @@
 """THOR's update rule: stored-inverse reuse between refreshes, weight-decay/momentum order, lr and damping
 schedules, the MindSpore-shaped factory. References are float64 numpy K-FAC on a small MLP."""
 
-import copy
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.optim.thor import THOR, thor
-from thor_nets import batch, mlp, train_step
-
-
-def linear_stats(net: nn.Sequential, x, y):
-    """Per Linear (index, A, G, weight grad, bias grad) of a copy of `net` at its current weights."""
-    net = copy.deepcopy(net)
-    h, acts, outs = x, [], []
-    for i, m in enumerate(net):
-        if isinstance(m, nn.Linear):
-            acts.append((i, h.detach().numpy()))
-            h = m(h)
-            h.retain_grad()
-            outs.append(h)
-        else:
-            h = m(h)
-    F.cross_entropy(h, y).backward()
-    n = len(x)
-    res = []
-    for (i, a), o in zip(acts, outs):
-        d = (o.grad * n).numpy()
-        res.append((i, a.T @ a / n, d.T @ d / n, net[i].weight.grad.numpy(), net[i].bias.grad.numpy()))
-    return res
-
-
-def direction(A, G, grad, lam):
-    s = np.sqrt(lam)
-    return np.linalg.inv(G + s * np.eye(len(G))) @ grad @ np.linalg.inv(A + s * np.eye(len(A)))
+from thor_nets import batch, direction, linear_stats, mlp, train_step
 
 
 def test_non_refresh_steps_reuse_the_stored_inverses():
@@ -133,5 +104,7 @@ def test_mindspore_factory_and_validation():
         thor(net, lr, lr, 0.9, batch_size=0)
     with pytest.raises(ConfigError, match="multiple"):
         THOR(net, lr=0.1, damping=0.1, factor_interval=2, inv_interval=3)
-    with pytest.raises(ConfigError, match="damping must be > 0"):
-        train_step(net, THOR(net, lr=0.1, damping=0.0), *batch(0))
+    with pytest.raises(ConfigError, match="damping must be a number > 0"):
+        THOR(net, lr=0.1, damping=0.0)
+    with pytest.raises(ConfigError, match="damping must be > 0"):  # a schedule is checked at each update
+        train_step(net, THOR(net, lr=0.1, damping=lambda k: 0.0), *batch(0))

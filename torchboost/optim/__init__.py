@@ -1,7 +1,10 @@
-"""Optimizers and schedules: THOR (second-order), parameter groups, per-update learning-rate arrays."""
+"""Optimizers and schedules: THOR (second-order) and its preconditioner, Muon + AdamW, parameter groups,
+per-update learning-rate arrays."""
 
 from torchboost.optim.groups import param_groups
+from torchboost.optim.muon import MuonAdamW, muon_optimizer
 from torchboost.optim.schedules import build_lr_schedule
-from torchboost.optim.thor import THOR, get_thor_damping, get_thor_lr, thor
+from torchboost.optim.thor import THOR, ThorPreconditioner, check_thor_options, get_thor_damping, get_thor_lr, thor
 
-__all__ = ["THOR", "thor", "get_thor_lr", "get_thor_damping", "param_groups", "build_lr_schedule"]
+__all__ = ["THOR", "thor", "ThorPreconditioner", "check_thor_options", "get_thor_lr", "get_thor_damping",
+           "MuonAdamW", "muon_optimizer", "param_groups", "build_lr_schedule"]

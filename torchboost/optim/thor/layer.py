@@ -76,7 +76,7 @@ class ThorLayer:
         return (tr_a * self.G.diagonal(dim1=-2, dim2=-1).sum((1, 2))).sum()
 
     def invert(self, damping: float, method: str, max_retries: int) -> tuple[Tensor, Tensor, int]:
-        """Damped inverses. Conv with T positions per sample (DESIGN §4): F ~ T * A (x) G, so each factor
+        """Damped inverses. Conv with T positions per sample (MindSpore's rule): F ~ T * A (x) G, so each factor
         gets damping sqrt(damping/T) and each inverse the factor sqrt(1/T); T = 1 for linear layers."""
         assert self.A is not None and self.G is not None
         d, s = math.sqrt(damping / self.T), math.sqrt(1.0 / self.T)

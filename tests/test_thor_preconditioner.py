@@ -1,0 +1,98 @@
+"""ThorPreconditioner: `.grad` rewritten in place to the float64 dense K-FAC direction (refresh steps and
+stored-inverse reuse), other gradients untouched; THOR equals the preconditioner + torch's momentum SGD;
+any torch optimizer can follow it; check_thor_options validates without a model."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchboost.errors import ConfigError
+from torchboost.optim.thor import THOR, ThorPreconditioner, check_thor_options
+from thor_nets import batch, direction, linear_stats, mlp, train_step
+
+
+def test_grad_is_rewritten_to_the_dense_kfac_direction_and_reused_between_refreshes():
+    net = mlp()
+    damping = [0.2, 5.0, 0.3]  # the refresh step's damping is the one baked into the inverses
+    pre = ThorPreconditioner(net, damping=damping, frequency=2, split_dim=None)
+    for k in range(3):
+        x, y = batch(k)
+        stats = linear_stats(net, x, y)
+        if k % 2 == 0:
+            curvature = {i: (A, G, damping[k]) for i, A, G, _, _ in stats}
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        pre.step()
+        for i, _, _, grad, bias_grad in stats:
+            A, G, lam = curvature[i]
+            np.testing.assert_allclose(net[i].weight.grad.numpy(), direction(A, G, grad, lam), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(net[i].bias.grad.numpy(), bias_grad, rtol=1e-12)  # not a THOR layer
+        with torch.no_grad():  # move the weights so the next step's curvature differs
+            for p in net.parameters():
+                p -= 0.3 * p.grad
+    assert pre.update_index == 3 and pre.counters["refreshes"] == 4  # 2 layers x refreshes at updates 0, 2
+
+
+def test_thor_is_the_preconditioner_followed_by_momentum_sgd():
+    net = mlp()
+    ref = copy.deepcopy(net)
+    opt = THOR(net, lr=0.1, damping=0.05, momentum=0.9, weight_decay=1e-2, frequency=3, split_dim=4)
+    pre = ThorPreconditioner(ref, damping=0.05, frequency=3, split_dim=4)
+    sgd = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-2)
+    for k in range(5):
+        x, y = batch(k)
+        train_step(net, opt, x, y)
+        sgd.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        pre.step()
+        sgd.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert opt.state_dict()["thor"]["update"] == pre.state_dict()["update"] == 5
+
+
+def test_adamw_after_the_preconditioner_sees_the_preconditioned_gradient():
+    net = mlp()
+    ref = copy.deepcopy(net)
+    pre = ThorPreconditioner(net, damping=0.1, frequency=1, split_dim=None)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    for k in range(2):
+        x, y = batch(k)
+        stats = linear_stats(ref, x, y)
+        ref_opt.zero_grad()
+        for i, A, G, grad, bias_grad in stats:
+            ref[i].weight.grad = torch.from_numpy(direction(A, G, grad, 0.1))
+            ref[i].bias.grad = torch.from_numpy(bias_grad.copy())
+        ref_opt.step()
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        pre.step()
+        opt.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_check_thor_options_names_the_key_and_the_allowed_range():
+    check_thor_options({"damping": 0.1, "frequency": 10, "split_dim": None, "inverse_method": "eigen"})
+    check_thor_options({"damping_decay": 0.5}, allow=["damping_decay"])  # a caller's own key
+    with pytest.raises(ConfigError, match="unknown THOR option 'frequncy'") as e:
+        check_thor_options({"frequncy": 10})
+    assert "did you mean 'frequency'" in str(e.value)
+    with pytest.raises(ConfigError, match=r"THOR frequency must be an integer >= 1, got 0"):
+        check_thor_options({"frequency": 0})
+    with pytest.raises(ConfigError, match=r"factor_decay must be a number >= 0 and < 1 or None, got 1.0"):
+        check_thor_options({"factor_decay": 1.0})
+    with pytest.raises(ConfigError, match="'cholesky' or 'eigen'"):
+        check_thor_options({"inverse_method": "svd"})
+    with pytest.raises(ConfigError, match="damping must be a number > 0"):
+        check_thor_options({"damping": -1})
+    with pytest.raises(ConfigError, match="multiple"):
+        check_thor_options({"factor_interval": 2, "inv_interval": 3})
+    with pytest.raises(ConfigError, match="unknown THOR option 'lr'"):  # the preconditioner has no lr
+        check_thor_options({"lr": 0.1}, preconditioner_only=True)
+    with pytest.raises(ConfigError, match="unknown THOR option 'frequncy'"):  # constructors share the checks
+        THOR(mlp(), lr=0.1, damping=0.1, frequncy=3)

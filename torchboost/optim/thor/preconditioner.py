@@ -1,0 +1,221 @@
+"""ThorPreconditioner: THOR's Kronecker-factored curvature, applied to `.grad` in place before any optimizer.
+
+    pre = ThorPreconditioner(model, damping=0.03, frequency=10)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)     # or SGD, Muon, ...
+    loss.backward(); pre.step(); opt.step(); opt.zero_grad()
+
+Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor pair
+per group) and Linear weight gradient becomes (G + sqrt(l) I)^-1 grad (A + sqrt(l) I)^-1 (MindSpore's
+rules: conv 1/T damping, `split_dim` blocks); every other gradient is left as it is. `THOR` is this plus
+MindSpore's momentum update.
+
+A module called several times per forward pools the statistics of all calls. A module not run with
+gradients on a refresh step has no curvature yet: its gradient stays plain (one-time warning) and its
+refresh is retried at every update until it runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from torchboost.errors import CheckpointError, ConfigError
+from torchboost.optim.thor import distributed as thor_dist
+from torchboost.optim.thor.args import Schedule, Value, check_thor_options
+from torchboost.optim.thor.factors import DetachedHook, factor_dtype
+from torchboost.optim.thor.layer import ThorLayer, find_layers
+
+
+class ThorPreconditioner:
+    """THOR's curvature machinery. Args: `damping` (float, per-update array or callable), `frequency`
+    (refresh interval; `factor_interval`/`inv_interval` split it, inv a multiple of factor),
+    `split_dim` (block size of the inverses, None = whole), `factor_decay` (running-average factors;
+    None = one mini-batch per refresh as in MindSpore), `inverse_method` "cholesky" | "eigen",
+    `trace_threshold`/`interval_growth`/`max_interval_mult` (the paper's trace-based skip of refreshes),
+    `loss_scale` (a fixed loss scale on the backward), `grad_scaler` (torch.amp.GradScaler: G is unscaled by
+    its live scale), `accumulation_steps`, `loss_reduction` "mean" | "sum", `max_damping_retries`
+    (Cholesky failures retry with 10x damping), `split_indices`/`process_group` (torch.distributed:
+    factors averaged over ranks, each inversion done on one rank and shared)."""
+
+    def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
+                 split_dim: int | None = 128, loss_scale: float = 1.0, *, factor_interval: int | None = None,
+                 inv_interval: int | None = None, factor_decay: float | None = None,
+                 inverse_method: str = "cholesky", trace_threshold: float | None = None,
+                 interval_growth: int = 1, max_interval_mult: int = 8,
+                 grad_scaler: torch.amp.GradScaler | None = None, accumulation_steps: int = 1,
+                 loss_reduction: str = "mean", max_damping_retries: int = 3,
+                 split_indices: Sequence[int] | None = None,
+                 process_group: dist.ProcessGroup | None = None) -> None:
+        check_thor_options(dict(damping=damping, frequency=frequency, split_dim=split_dim, loss_scale=loss_scale,
+                                factor_interval=factor_interval, inv_interval=inv_interval,
+                                factor_decay=factor_decay, inverse_method=inverse_method,
+                                trace_threshold=trace_threshold, interval_growth=interval_growth,
+                                max_interval_mult=max_interval_mult, accumulation_steps=accumulation_steps,
+                                loss_reduction=loss_reduction, max_damping_retries=max_damping_retries),
+                           preconditioner_only=True)
+        self.damping = damping if isinstance(damping, (int, float)) else None
+        self._damping = Value(damping, "damping")
+        self.factor_interval = factor_interval or frequency
+        self.inv_interval = inv_interval or frequency
+        self.split_dim, self.loss_scale, self.factor_decay = split_dim, loss_scale, factor_decay
+        self.inverse_method, self.max_damping_retries = inverse_method, max_damping_retries
+        self.trace_threshold, self.interval_growth = trace_threshold, interval_growth
+        self.max_interval_mult = max_interval_mult
+        self.grad_scaler, self.accumulation_steps = grad_scaler, accumulation_steps
+        self.split_indices, self.process_group = split_indices, process_group
+        # local_inversions: inversions this rank computed (all of them in one process; a share under
+        # torch.distributed, where the others arrive from their owner ranks)
+        self.counters = dict(refreshes=0, skipped_refreshes=0, damping_retries=0, inverse_failures=0,
+                             capture_failures=0, local_inversions=0)
+        self.update_index = 0  # index of the next update (what the damping schedule is evaluated at)
+        self._forward_id = 0
+        self._pre_hook = model.register_forward_pre_hook(DetachedHook(self._count_forward))
+        self.layers: dict[str, ThorLayer] = find_layers(model, split_dim, self._grad_scale,
+                                                        lambda: self._forward_id, loss_reduction == "mean")
+        self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
+        self._arm_capture()
+
+    # ---- hooks' view ------------------------------------------------------------------------------
+    def _count_forward(self, module: nn.Module, inputs: tuple) -> None:
+        self._forward_id += 1
+
+    def _grad_scale(self) -> float:
+        """What the backpropagated loss carries on top of one mean-reduced micro-batch loss."""
+        scale = self.loss_scale / self.accumulation_steps
+        if self.grad_scaler is not None and self.grad_scaler.is_enabled():
+            scale *= self.grad_scaler.get_scale()
+        return scale
+
+    def _arm_capture(self) -> None:
+        """Capture statistics during the coming update only for layers that will refresh at it. Without
+        running averages only inverse steps need factors (in-between captures would be overwritten)."""
+        for l in self.layers.values():
+            due = l.next_factor if self.factor_decay is not None else l.next_inverse
+            l.capture.enabled = self.update_index >= due
+
+    # ---- the update ---------------------------------------------------------------------------------
+    def current_damping(self, damping: float | None = None) -> float:
+        """The damping of the coming update: the array/callable schedule's value, else `damping` (a
+        float kept elsewhere, e.g. in THOR's param groups), else the float given at construction."""
+        return self._damping(self.update_index, self.damping if damping is None else damping)
+
+    @torch.no_grad()
+    def step(self, damping: float | None = None) -> None:
+        """Refresh what is due, then overwrite each preconditioned layer's `.grad` with G^-1 grad A^-1.
+        Call after backward (and after any `GradScaler.unscale_`), before the optimizer's step.
+        `damping`: this update's damping, overriding the schedule."""
+        k = self.update_index
+        damping = self.current_damping() if damping is None else damping
+        if not damping > 0:
+            raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
+        self._refresh(k, damping)
+        for p, layer in self.layer_of.items():
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise ConfigError("THOR does not support sparse gradients", "use dense layers")
+                p.grad.copy_(layer.precondition(p.grad))
+        self.update_index += 1
+        self._arm_capture()
+
+    # ---- refresh: factors -> (average over ranks) -> trace test -> inverses ----------------------------
+    def _refresh(self, k: int, damping: float) -> None:
+        due = [l for l in self.layers.values() if l.capture.enabled]
+        if not due:
+            return
+        stats = [l.capture.consume() for l in due]
+        world = thor_dist.world_size(self.process_group)
+        if world > 1:
+            w = due[0].module.weight
+            shapes = [l.factor_shapes(self.split_dim) for l in due]
+            stats = thor_dist.average_factors(stats, shapes, factor_dtype(w), w.device, self.process_group,
+                                              self.split_indices)
+        finite = _all_finite([s for s in stats if s is not None])
+        fresh: list[ThorLayer] = []
+        for l, s in zip(due, stats):
+            if s is None or not finite.pop(0):
+                # not run with gradients, or an overflowed backward: keep the old curvature, retry next update
+                self.counters["capture_failures"] += s is not None
+                continue
+            l.set_factors(*s, self.factor_decay)
+            l.next_factor = k + self.factor_interval
+            if k >= l.next_inverse:
+                fresh.append(l)
+        self._invert(k, damping, self._trace_filter(k, fresh), world)
+
+    def _trace_filter(self, k: int, fresh: list[ThorLayer]) -> list[tuple[ThorLayer, float]]:
+        traces = torch.stack([l.trace_product().double() for l in fresh]).tolist() if fresh else []
+        keep = []
+        for l, t in zip(fresh, traces):
+            ref = l.trace_ref
+            if (self.trace_threshold is not None and ref is not None and l.A_inv is not None
+                    and abs(t - ref) <= self.trace_threshold * abs(ref)):
+                l.skipped += 1
+                self.counters["skipped_refreshes"] += 1
+                l.interval_mult = min(l.interval_mult * self.interval_growth, self.max_interval_mult)
+                l.next_inverse = k + self.inv_interval * l.interval_mult
+            else:
+                keep.append((l, t))
+        return keep
+
+    def _invert(self, k: int, damping: float, todo: list[tuple[ThorLayer, float]], world: int) -> None:
+        if not todo:
+            return
+        rank = dist.get_rank(self.process_group) if world > 1 else 0
+        owners = thor_dist.assign_owners([l.inverse_cost(self.split_dim) for l, _ in todo], world)
+        results: list[tuple[Tensor, Tensor] | None] = []
+        for (l, _), owner in zip(todo, owners):
+            if owner != rank:
+                results.append(None)
+                continue
+            try:
+                a_inv, g_inv, retries = l.invert(damping, self.inverse_method, self.max_damping_retries)
+                self.counters["damping_retries"] += retries
+                self.counters["local_inversions"] += 1
+                results.append((a_inv, g_inv))
+            except torch.linalg.LinAlgError:
+                self.counters["inverse_failures"] += 1
+                results.append(None)
+        if world > 1:
+            w = todo[0][0].module.weight
+            results = thor_dist.share_inverses(results, [l.factor_shapes(self.split_dim) for l, _ in todo],
+                                               factor_dtype(w), w.device, self.process_group)
+        for (l, t), r in zip(todo, results):
+            l.next_inverse = k + self.inv_interval * l.interval_mult
+            if r is not None:  # a failed inversion keeps the previous inverse instead of NaN
+                l.A_inv, l.G_inv = r
+                l.trace_ref = t
+                l.refreshes += 1
+                self.counters["refreshes"] += 1
+
+    # ---- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"update": self.update_index, "counters": dict(self.counters),
+                "layers": {name: l.state() for name, l in self.layers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = set(self.layers) ^ set(state["layers"])
+        if missing:
+            raise CheckpointError(f"THOR state does not match the model's layers: {sorted(missing)[:5]}",
+                                  "load the optimizer state saved for this model")
+        self.update_index, self.counters = int(state["update"]), dict(state["counters"])
+        for name, l in self.layers.items():
+            l.load(state["layers"][name], self.split_dim)
+        self._arm_capture()
+
+    def remove_hooks(self) -> None:
+        """Detach the hooks from the model (curvature stops being refreshed)."""
+        self._pre_hook.remove()
+        for l in self.layers.values():
+            l.capture.remove()
+
+
+def _all_finite(stats: list[tuple[Tensor, Tensor, float]]) -> list[bool]:
+    """Finiteness of every (A, G) pair with one host sync."""
+    if not stats:
+        return []
+    flags = torch.stack([torch.isfinite(a).all() & torch.isfinite(g).all() for a, g, _ in stats])
+    return [bool(f) and math.isfinite(t) for f, (_, _, t) in zip(flags.tolist(), stats)]
