@@ -26,7 +26,15 @@ class CheckpointError(TorchboostError):
 
 
 class DistributedError(TorchboostError):
-    """Process-group problems: a rank died, timeouts, unsupported world sizes."""
+    """Process-group problems: a rank died, timeouts, unsupported world sizes, ranks that disagree."""
+
+
+class OutputError(TorchboostError):
+    """An output file or folder cannot be written: disk full, quota, permissions, read-only file system."""
+
+
+class TrainingError(TorchboostError):
+    """Training cannot go on meaningfully: the loss (or the weights) became non-finite."""
 
 
 def suggest(key: str, valid: Iterable[str]) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -197,6 +198,27 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     with guard("broadcast_object"):
         dist.broadcast_object_list(box, src=src, device=_INFO.device if dist.get_backend() == "nccl" else None)
     return box[0]
+
+
+def agree(values: dict[str, object], what: str = "config") -> None:
+    """Check that every rank holds the same `values` (e.g. the flattened resolved config); raise
+    DistributedError on EVERY rank, naming the keys that differ, when they do not. A no-op in one process.
+
+    Ranks exchange a sha256 of each value's repr (small whatever the values), so all of them see the same
+    gathered digests and fail together: no rank goes on alone into a collective the others never join.
+    """
+    if not _active():
+        return
+    mine = {k: hashlib.sha256(repr(v).encode()).hexdigest() for k, v in values.items()}
+    gathered: list[Any] = [None] * get_world_size()
+    with guard(f"the {what} check"):
+        dist.all_gather_object(gathered, mine)
+    keys = dict.fromkeys(k for digests in gathered for k in digests)  # first-seen order, same on every rank
+    differ = [k for k in keys if len({d.get(k) for d in gathered}) > 1]
+    if differ:
+        ranks = sorted({r for r, d in enumerate(gathered) if any(d.get(k) != gathered[0].get(k) for k in differ)})
+        raise DistributedError(f"ranks disagree on {', '.join(differ)} (ranks {ranks} differ from rank 0)",
+                               f"start every rank with the same {what}: the same command line, config and files")
 
 
 @torch.no_grad()

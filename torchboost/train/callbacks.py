@@ -5,19 +5,24 @@ Each hook receives the `TrainState`; a callback stops training by setting `state
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
 from torchboost.dist import get_world_size, is_main as is_main_process
-from torchboost.train.checkpoint import atomic_save, checkpoint_name, prune_checkpoints
+from torchboost.errors import ConfigError, TrainingError
+from torchboost.fileio import output_error, remove_stale_temps
+from torchboost.train.checkpoint import atomic_save, checkpoint_name
+from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
+from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
 from torchboost.train.state import Callback, TrainState
+
+__all__ = ["LossMonitor", "TimeMonitor", "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping",
+           "TensorBoard", "ProgressBar", "is_main_process"]
 
 
 class LossMonitor(Callback):
@@ -35,29 +40,27 @@ class LossMonitor(Callback):
         msg = f"epoch: {state.epoch + 1} step: {state.step_in_epoch}, loss is {loss:.7f}"
         if out.correct is not None and self.show_accuracy:
             msg += f", batch accuracy {out.correct.item() / max(out.samples, 1):.4f}"
-        if out.skipped:
+        if out.nonfinite:
+            msg += " (update skipped: non-finite loss)"
+        elif out.skipped:
             msg += " (update skipped: gradient overflow)"
-        if not math.isfinite(loss):
+        elif not math.isfinite(loss):
             msg += " — loss is not finite: lower the learning rate or enable loss scaling"
         state.log(msg)
 
 
 class TimeMonitor(Callback):
-    """Per-epoch time, ms per update and images/s (data wait: `torchboost.profiling.DataStarvationMonitor`)."""
+    """Per-epoch time, ms per update and images/s (data wait: `torchboost.profiling.DataStarvationMonitor`).
 
-    def on_train_epoch_begin(self, state: TrainState) -> None:
-        self._t0, self._steps, self._samples = time.perf_counter(), 0, 0
-
-    def on_train_step_end(self, state: TrainState) -> None:
-        self._steps += 1
-        self._samples += state.output.samples
+    Reads what `Model.train` measured (the epoch's training time, updates and samples, all carried across
+    a resume), so a resumed epoch reports the whole epoch."""
 
     def on_train_epoch_end(self, state: TrainState) -> None:
-        elapsed = state.eval_results.get("train_time_s") or (time.perf_counter() - self._t0)
-        steps = max(self._steps, 1)
-        world = get_world_size()
+        elapsed = state.eval_results["train_time_s"]
+        steps = max(state.step_in_epoch, 1)
+        images = state.epoch_samples * get_world_size()
         state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {elapsed * 1000 / steps:.3f} ms, "
-                  f"{self._samples * world / max(elapsed, 1e-9):.1f} images/s")
+                  f"{images / max(elapsed, 1e-9):.1f} images/s")
 
 
 @dataclass
@@ -70,108 +73,128 @@ class CheckpointConfig:
 
 
 class ModelCheckpoint(Callback):
-    """Writes `{prefix}-{epoch}_{step}.ckpt` atomically (rank 0 only) and prunes to keep_checkpoint_max."""
+    """Writes `{prefix}-{epoch}_{step}.pt` atomically (rank 0 only) and keeps the newest keep_checkpoint_max
+    of the files this run wrote (a resumed run counts the files of the run it continues); other files in
+    the folder are never deleted. With `save_best` (an epoch result such as "val_top_1_accuracy"; mode: max
+    for accuracies, min for losses unless given) it also writes `{prefix}-best.pt` whenever that improves;
+    the best checkpoint is never pruned. A state whose loss is not finite is never written."""
 
     def __init__(self, prefix: str = "checkpoint", directory: str | Path = "ckpt",
-                 config: Optional[CheckpointConfig] = None) -> None:
+                 config: Optional[CheckpointConfig] = None, *, save_best: Optional[str] = None,
+                 mode: Optional[str] = None) -> None:
         self.prefix, self.directory = prefix, Path(directory)
         self.config = config or CheckpointConfig()
         self.last_path: Optional[Path] = None
+        self.written: list[Path] = []  # this run's checkpoints, oldest first (the best one is not among them)
+        self.best = None
+        if save_best is not None:
+            name = resolve_monitor(save_best)
+            self.best = BestValue(name, monitor_mode(name, mode))
 
-    def _save(self, state: TrainState, epoch_complete: bool) -> None:
+    @property
+    def best_path(self) -> Path:
+        return self.directory / f"{self.prefix}-best.pt"
+
+    def on_train_begin(self, state: TrainState) -> None:
+        if is_main_process():
+            remove_stale_temps(self.directory)
+
+    def _save(self, state: TrainState, path: Path, epoch_complete: bool) -> Path:
+        if not state.loss_is_finite():  # TrainStep stops first; this guards custom steps and policies
+            raise TrainingError(f"refusing to write {path.name}: the loss at epoch {state.epoch + 1} step "
+                                f"{state.step_in_epoch} is not finite", "resume from the last checkpoint "
+                                "with a lower learning rate, gradient clipping or loss scaling")
+        return atomic_save(state.model.checkpoint_state(state, epoch_complete), path)
+
+    def _save_numbered(self, state: TrainState) -> None:
         if not is_main_process():
             return
         path = self.directory / checkpoint_name(self.prefix, state.epoch + 1, state.step_in_epoch)
-        self.last_path = atomic_save(state.model.checkpoint_state(state, epoch_complete), path)
-        prune_checkpoints(self.directory, self.prefix, self.config.keep_checkpoint_max)
+        # listed before writing, so the checkpoint's own list includes it (a resume then owns it too)
+        before, self.written = self.written, [p for p in self.written if p != path] + [path]
+        try:
+            self.last_path = self._save(state, path, state.epoch_complete)
+        except BaseException:
+            self.written = before
+            raise
+        keep = self.config.keep_checkpoint_max
+        while keep > 0 and len(self.written) > keep:
+            self.written.pop(0).unlink(missing_ok=True)
 
     def on_train_step_end(self, state: TrainState) -> None:
         every = self.config.save_checkpoint_steps
-        if every and state.global_step % every == 0 and state.step_in_epoch != state.steps_per_epoch:
-            self._save(state, epoch_complete=False)
+        if every and state.global_step % every == 0 and not state.epoch_complete:
+            self._save_numbered(state)
 
     def on_train_epoch_end(self, state: TrainState) -> None:
         every = self.config.save_checkpoint_epochs
         last = state.epoch + 1 == state.epochs
         if (every and (state.epoch + 1) % every == 0) or last or state.stop_training:
-            self._save(state, epoch_complete=True)
+            self._save_numbered(state)
+        value = state.eval_results.get(self.best.monitor) if self.best is not None else None
+        if value is not None and self.best.update(float(value), state.epoch + 1) and is_main_process():
+            self._save(state, self.best_path, state.epoch_complete)
 
+    def state_dict(self) -> dict:
+        state: dict = {"files": [p.name for p in self.written]}
+        if self.best is not None:
+            state["best"] = self.best.state_dict()
+        return state
 
-class History(Callback):
-    """history.jsonl (one JSON line per epoch) and history.png (loss and accuracy, train vs validation)."""
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        self.records: list[dict] = []
-
-    def on_train_begin(self, state: TrainState) -> None:
-        path = self.directory / "history.jsonl"
-        if path.exists():  # a resumed run continues its history
-            done = state.epoch
-            self.records = [r for r in map(json.loads, path.read_text().splitlines()) if r["epoch"] <= done]
-
-    def on_train_epoch_end(self, state: TrainState) -> None:
-        record = {"epoch": state.epoch + 1, "global_step": state.global_step}
-        record.update({k: v for k, v in state.eval_results.items() if isinstance(v, (int, float))})
-        self.records.append(record)
-        if not is_main_process():
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.records))
-        self.plot(self.directory / "history.png")
-
-    def plot(self, path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")  # headless: never needs a display
-        import matplotlib.pyplot as plt
-
-        epochs = [r["epoch"] for r in self.records]
-        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-        for key, ax, label in (("train_loss", ax_loss, "train"), ("val_loss", ax_loss, "validation"),
-                               ("train_top_1_accuracy", ax_acc, "train top-1"),
-                               ("val_top_1_accuracy", ax_acc, "validation top-1"),
-                               ("val_top_5_accuracy", ax_acc, "validation top-5"),
-                               ("val_ema_top_1_accuracy", ax_acc, "validation top-1 (EMA)")):
-            pts = [(r["epoch"], r[key]) for r in self.records if key in r]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=label)
-        ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
-        ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy (gap = overfitting)")
-        for ax in (ax_loss, ax_acc):
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend()
-            if epochs:
-                ax.set_xticks(epochs if len(epochs) <= 20 else epochs[:: max(len(epochs) // 10, 1)])
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+    def load_state_dict(self, state: dict) -> None:
+        self.written = [self.directory / name for name in state.get("files", [])]
+        if self.best is not None and "best" in state:
+            self.best.load_state_dict(state["best"])
 
 
 class EarlyStopping(Callback):
-    """Stops when `monitor` has not improved by `min_delta` for `patience` evaluated epochs."""
+    """Stops when `monitor` has not improved by `min_delta` for `patience` evaluated epochs (mode: max for
+    accuracies, min for losses unless given). With `restore_best`, the network ends with the weights of
+    its best epoch (kept in memory as a CPU copy)."""
 
-    def __init__(self, monitor: str = "val_top_1_accuracy", patience: int = 3, mode: str = "max",
-                 min_delta: float = 0.0) -> None:
-        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
-        self.best: Optional[float] = None
+    def __init__(self, monitor: str = "val_top_1_accuracy", patience: int = 3, mode: Optional[str] = None,
+                 min_delta: float = 0.0, restore_best: bool = False) -> None:
+        if patience < 1:
+            raise ConfigError(f"early stopping patience={patience}", "use 1 or more epochs")
+        self.monitor = resolve_monitor(monitor)
+        self.patience, self.restore_best = patience, restore_best
+        self.best = BestValue(self.monitor, monitor_mode(self.monitor, mode), min_delta)
         self.bad_epochs = 0
+        self.best_weights: Optional[dict[str, torch.Tensor]] = None
 
     def on_train_epoch_end(self, state: TrainState) -> None:
         value = state.eval_results.get(self.monitor)
         if value is None:
             return
-        better = self.best is None or (value > self.best + self.min_delta if self.mode == "max"
-                                       else value < self.best - self.min_delta)
-        if better:
-            self.best, self.bad_epochs = value, 0
-        else:
-            self.bad_epochs += 1
-            if self.bad_epochs >= self.patience:
-                state.log(f"early stopping: {self.monitor} has not improved for {self.patience} epochs "
-                          f"(best {self.best:.4f})")
-                state.stop_training = True
+        if self.best.update(float(value), state.epoch + 1):
+            self.bad_epochs = 0
+            if self.restore_best:
+                self.best_weights = {k: v.detach().to("cpu", copy=True)
+                                     for k, v in state.model.module.state_dict().items()}
+            return
+        self.bad_epochs += 1
+        if self.bad_epochs >= self.patience:
+            state.log(f"early stopping: {self.monitor} has not improved for {self.patience} epochs; best "
+                      f"{self.best.value:.4f} at epoch {self.best.epoch}")
+            state.stop_training = True
+
+    def on_train_end(self, state: TrainState) -> None:
+        if not self.restore_best or self.best.value is None:
+            return
+        if self.best_weights is None:  # the best epoch came before a resume: its weights were not kept
+            state.log(f"early stopping: the weights of the best epoch {self.best.epoch} are not in memory after "
+                      "the resume; keeping the last weights (ModelCheckpoint(save_best=...) saves them)")
+            return
+        state.model.module.load_state_dict(self.best_weights)
+        state.log(f"early stopping: restored the weights of epoch {self.best.epoch} "
+                  f"({self.monitor}={self.best.value:.4f})")
+
+    def state_dict(self) -> dict:
+        return {"best": self.best.state_dict(), "bad_epochs": self.bad_epochs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best.load_state_dict(state["best"])
+        self.bad_epochs = int(state["bad_epochs"])
 
 
 class TensorBoard(Callback):
@@ -183,7 +206,10 @@ class TensorBoard(Callback):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("TensorBoard logging needs `pip install tensorboard`") from e
-        self.writer = SummaryWriter(str(log_dir)) if is_main_process() else None
+        try:
+            self.writer = SummaryWriter(str(log_dir)) if is_main_process() else None
+        except OSError as e:  # the event folder cannot be created (permissions, full disk)
+            raise output_error(log_dir, e) from e
         self.every = every
 
     def on_train_step_end(self, state: TrainState) -> None:

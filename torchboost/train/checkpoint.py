@@ -1,7 +1,9 @@
-"""Checkpoints: atomic writes, newest-N retention, safe loading, exact RNG capture.
+"""Checkpoints: atomic writes, safe loading, exact RNG capture.
 
 A checkpoint is a dict of tensors and plain values only, so `torch.load(weights_only=True)` can read it
-and nothing in it can run code.
+and nothing in it can run code. Training checkpoints are `{prefix}-{epoch}_{step}.pt`: `.ckpt` means a
+MindSpore protobuf everywhere in torchboost (torch checkpoints with any extension still load: the format
+is recognised by content).
 """
 
 from __future__ import annotations
@@ -18,19 +20,29 @@ from torch import nn
 from ..errors import CheckpointError
 from ..fileio import atomic_path
 
-_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.pt$")
+# torch.save's zip container (torch >= 1.6), or the legacy format: a pickle (protocol 2+ opcode 0x80).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 
 
 def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
-    """MindSpore's naming: `{prefix}-{epoch}_{step}.ckpt` (epoch 1-based, step within the epoch)."""
-    return f"{prefix}-{epoch}_{step}.ckpt"
+    """MindSpore's naming with torch's extension: `{prefix}-{epoch}_{step}.pt` (epoch 1-based, step within
+    the epoch)."""
+    return f"{prefix}-{epoch}_{step}.pt"
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
-    """torch.save through a temp file + fsync + rename: a crash leaves the old file or the new, never half."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """torch.save through a temp file + fsync + rename: a crash leaves the old file or the new, never half.
+    A full disk or a permission problem raises OutputError and leaves the old file as it was."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)  # a file object, not a path: write errors then arrive as OSError (errno kept)
     return Path(path)
+
+
+def is_torch_file(path: str | Path) -> bool:
+    """True when the file's first bytes are torch.save's (zip or legacy pickle), whatever its extension."""
+    with open(path, "rb") as f:
+        return f.read(4).startswith(_TORCH_MAGIC)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -38,6 +50,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found", "check the path (checkpoints are in OUTPUT/ckpt)")
+    if not is_torch_file(path):
+        raise CheckpointError(f"{path} is not a torch checkpoint (a MindSpore .ckpt, or a damaged file)",
+                              f"convert a MindSpore checkpoint first (torchboost convert {path} {path.stem}.pt "
+                              "--arch ARCH); otherwise use an earlier checkpoint")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for corrupt/unsafe files
@@ -52,20 +68,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def list_checkpoints(directory: str | Path, prefix: str) -> list[Path]:
     """This prefix's checkpoints, oldest first (by epoch, then step)."""
     found = []
-    for p in Path(directory).glob(f"{prefix}-*.ckpt"):
+    for p in Path(directory).glob(f"{prefix}-*.pt"):
         m = _NAME.match(p.name)
         if m and m["prefix"] == prefix:
             found.append((int(m["epoch"]), int(m["step"]), p))
     return [p for _, _, p in sorted(found)]
-
-
-def prune_checkpoints(directory: str | Path, prefix: str, keep: int) -> list[Path]:
-    """Delete all but the newest `keep`; returns what was deleted."""
-    ckpts = list_checkpoints(directory, prefix)
-    doomed = ckpts[: max(len(ckpts) - keep, 0)] if keep > 0 else []
-    for p in doomed:
-        p.unlink(missing_ok=True)
-    return doomed
 
 
 def rng_state() -> dict:

@@ -7,6 +7,11 @@ import copy
 import torch
 from torch import nn
 
+from ..errors import ConfigError, suggest
+
+WARMUPS = ("timm", "nvidia", "none")
+BUFFER_MODES = ("copy", "average")
+
 
 class ModelEMA:
     """e <- d*e + (1-d)*w after each real optimizer update.
@@ -18,10 +23,10 @@ class ModelEMA:
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, warmup: str | None = "timm",
                  warmup_gamma: float = 1.0, warmup_power: float = 2 / 3, buffers: str = "copy") -> None:
-        if warmup not in (None, "none", "timm", "nvidia"):
-            raise ValueError(f"unknown EMA warmup {warmup!r}: use timm, nvidia or none")
-        if buffers not in ("copy", "average"):
-            raise ValueError(f"unknown EMA buffers mode {buffers!r}: use copy or average")
+        if warmup is not None and warmup not in WARMUPS:
+            raise ConfigError(f"unknown EMA warmup {warmup!r}", suggest(str(warmup), WARMUPS))
+        if buffers not in BUFFER_MODES:
+            raise ConfigError(f"unknown EMA buffers mode {buffers!r}", suggest(str(buffers), BUFFER_MODES))
         self.module = copy.deepcopy(model).eval()
         for p in self.module.parameters():
             p.requires_grad_(False)

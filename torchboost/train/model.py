@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
-from .state import Callback, TrainState, summarize_epoch
+from ..errors import CheckpointError, ConfigError, TrainingError
+from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import load_checkpoint, load_model_state, rng_state, set_rng_state
 from .ema import ModelEMA
 from .hooks import StepHook
@@ -34,6 +34,8 @@ class Model:
 
     amp_level (MindSpore's): O0 fp32; O1 and O2 autocast (O2 adds dynamic loss scaling when the low
     precision is fp16, as MindSpore does); O3 casts the whole network to the low precision.
+    nonfinite: "stop" raises TrainingError at the first update whose loss is inf/NaN (before applying it);
+    "skip" drops such updates and raises after `max_nonfinite_steps` consecutive ones.
     """
 
     def __init__(self, network: nn.Module, loss_fn: Optional[nn.Module] = None,
@@ -46,7 +48,7 @@ class Model:
                  ema: Optional[ModelEMA] = None, hooks: Sequence[StepHook] = (), channels_last: bool = False,
                  per_batch_accuracy: bool = False, step_cls: type[TrainStep] = TrainStep,
                  input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, nonfinite: str = "stop", max_nonfinite_steps: int = 0) -> None:
         if amp_level not in AMP_LEVELS:
             raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
         if accumulation_steps < 1:
@@ -58,8 +60,8 @@ class Model:
             self.network.to(memory_format=torch.channels_last)
         self.input_norm = input_norm
         self.loss_fn, self.optimizer = loss_fn, optimizer
-        self.metrics = tuple(metrics) if metrics is not None else METRIC_NAMES
-        MetricAccumulator(self.metrics)  # validates the names now rather than at the first evaluation
+        # resolves aliases ("acc", "top5") and rejects unknown names now rather than at the first evaluation
+        self.metrics = tuple(MetricAccumulator(metrics).names) if metrics is not None else METRIC_NAMES
         self.amp_level = amp_level
         self.autocast_dtype = None if amp_level == "O0" else amp_dtype_for(self.device, amp_dtype)
         if self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_bf16():
@@ -82,19 +84,23 @@ class Model:
                 self.compiled, loss_fn, optimizer, device=self.device, autocast_dtype=self.autocast_dtype,
                 loss_scale=loss_scale_manager, clip_global_norm=clip_global_norm, clip_value=clip_value,
                 ema=ema, hooks=hooks, lr_schedule=lr_schedule, channels_last=channels_last,
-                compute_accuracy=per_batch_accuracy, ema_model=self.module, input_norm=input_norm)
+                compute_accuracy=per_batch_accuracy, ema_model=self.module, input_norm=input_norm,
+                nonfinite=nonfinite, max_nonfinite_steps=max_nonfinite_steps)
         self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)
         self._resume: Optional[dict] = None
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def checkpoint_state(self, state: TrainState, epoch_complete: bool) -> dict:
-        """Everything needed to continue exactly: weights, optimizer, scaler, hooks, EMA, position, RNG."""
+        """Everything needed to continue exactly: weights, optimizer, scaler, hooks, EMA, position, RNG,
+        the epoch's running metric sums and time, and the callbacks' progress."""
         ckpt = {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
             "train_step": self.train_step.state_dict() if self.train_step is not None else {},
             "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
             "epoch_complete": epoch_complete, "rng": rng_state(),
+            "epoch_sums": state.epoch_sums(), "epoch_elapsed_s": time.perf_counter() - state.epoch_start,
+            "callbacks": {k: sd for k, cb in keyed_callbacks(state.callbacks) if (sd := cb.state_dict())},
         }
         if self.ema is not None:
             ckpt["ema"] = self.ema.state_dict()
@@ -131,23 +137,25 @@ class Model:
             raise ConfigError("Model.train needs a loss_fn and an optimizer", "pass them to Model(...)")
         k = self.accumulation_steps
         steps_per_epoch = math.ceil(len(train_data) / k)
-        state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch, log_fn=log_fn)
+        callbacks = list(callbacks)
+        state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch, log_fn=log_fn,
+                           callbacks=callbacks)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip_batches = self._resume_position(state)
-        callbacks = list(callbacks)
         for cb in callbacks:
             cb.on_train_begin(state)
 
         for epoch in range(start_epoch, epochs):
             state.epoch = epoch
-            state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = 0.0, 0, 0
+            if not skip_batches:  # a run resumed mid-epoch keeps the sums and time restored from the checkpoint
+                state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = 0.0, 0, 0
+                state.epoch_start = time.perf_counter()
             sampler = getattr(train_data, "sampler", None)
             if hasattr(sampler, "set_epoch"):  # reshuffle per epoch; skip what a resumed run already consumed
                 sampler.set_epoch(epoch, skip=skip_batches * (state.batch_size or 1))
             for cb in callbacks:
                 cb.on_train_epoch_begin(state)
             self.network.train()
-            t_epoch = time.perf_counter()
             batches = iter(train_data)
             while True:
                 t0 = time.perf_counter()
@@ -155,21 +163,25 @@ class Model:
                 if not window:
                     break
                 t_data = time.perf_counter()
-                out = self.train_step(window, state.global_step)
+                try:
+                    out = self.train_step(window, state.global_step)
+                except TrainingError as e:  # say where, in the user's terms
+                    raise TrainingError(f"epoch {epoch + 1} step {state.step_in_epoch + 1}: {e.what}", e.fix) from None
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)  # honest step times: wait for the GPU's queue
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
                 state.step_in_epoch += 1
                 state.global_step += 1
-                state.epoch_loss_sum = state.epoch_loss_sum + out.loss * out.samples
-                state.epoch_samples += out.samples
-                if out.correct is not None:
-                    state.epoch_correct = state.epoch_correct + out.correct
+                if not out.nonfinite:  # a skipped non-finite update would turn the epoch's loss into NaN
+                    state.epoch_loss_sum = state.epoch_loss_sum + out.loss * out.samples
+                    state.epoch_samples += out.samples
+                    if out.correct is not None:
+                        state.epoch_correct = state.epoch_correct + out.correct
                 for cb in callbacks:
                     cb.on_train_step_end(state)
                 if state.stop_training:
                     break
-            state.eval_results = {"train_time_s": time.perf_counter() - t_epoch, **summarize_epoch(state)}
+            state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summarize_epoch(state)}
             if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
                 state.eval_results.update({f"val_{k_}": v for k_, v in self.eval(eval_data).items()})
                 if self.ema is not None:
@@ -186,16 +198,27 @@ class Model:
         return state
 
     def _resume_position(self, state: TrainState) -> tuple[int, int]:
-        """(first epoch to run, batches of it already done) from a loaded checkpoint, else (0, 0)."""
+        """(first epoch to run, batches of it already done) from a loaded checkpoint, else (0, 0); restores
+        the RNG, the callbacks' progress and, mid-epoch, the epoch's running sums and time."""
         ckpt, self._resume = self._resume, None
         if ckpt is None:
             return 0, 0
         set_rng_state(ckpt["rng"])
         state.global_step = int(ckpt["global_step"])
+        saved = ckpt.get("callbacks", {})
+        for key, cb in keyed_callbacks(state.callbacks):
+            if key in saved:
+                cb.load_state_dict(saved[key])
         if ckpt["epoch_complete"]:
             state.epoch = int(ckpt["epoch"]) + 1
             return state.epoch, 0
         state.epoch, state.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step_in_epoch"])
+        if "epoch_sums" in ckpt:  # absent in checkpoints written before they were saved
+            sums = ckpt["epoch_sums"]
+            loss_sum, correct = (v.to(self.device) if isinstance(v, torch.Tensor) else v
+                                 for v in (sums["loss_sum"], sums["correct"]))
+            state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = loss_sum, int(sums["samples"]), correct
+        state.epoch_start = time.perf_counter() - float(ckpt.get("epoch_elapsed_s", 0.0))
         return state.epoch, state.step_in_epoch * self.accumulation_steps
 
     # --- evaluation and prediction --------------------------------------------------------------------

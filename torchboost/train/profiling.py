@@ -107,20 +107,35 @@ class DataStarvationMonitor(Callback):
     `check_after` judged updates, or at the end of the epoch if that comes first.
 
     The epoch's numbers are also put in `state.eval_results` (data_wait_ms, step_ms, data_wait_share), so
-    `History` records them."""
+    `History` records them. The sums travel in checkpoints: a run resumed mid-epoch reports the whole epoch."""
+
+    _SUMS = ("data", "step", "n", "judged_data", "judged_step", "judged_n")  # what a checkpoint carries
 
     def __init__(self, threshold: float = 0.05, loader: Any = None, check_after: int = 20,
                  warmup_steps: int = 1) -> None:
         self.threshold, self.loader = threshold, loader
         self.check_after, self.warmup_steps = check_after, warmup_steps
-        self.warning: Optional[str] = None
-        self.on_train_epoch_begin(None)
+        self.warning: Optional[str] = None  # the warning this process printed
+        self.warned = False
+        self._reset()
 
-    def on_train_epoch_begin(self, state: Optional[TrainState]) -> None:
+    def _reset(self) -> None:
         self.data = self.step = 0.0
         self.n = 0
         self.judged_data = self.judged_step = 0.0
         self.judged_n = 0
+
+    def on_train_epoch_begin(self, state: TrainState) -> None:
+        if state.step_in_epoch == 0:  # not when resuming mid-epoch: the sums came from the checkpoint
+            self._reset()
+
+    def state_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in self._SUMS}, "warned": self.warned}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self._SUMS:
+            setattr(self, k, state[k])
+        self.warned = bool(state["warned"])  # one warning per run, a resumed run included
 
     def on_train_step_end(self, state: TrainState) -> None:
         self.data += state.data_time
@@ -144,7 +159,7 @@ class DataStarvationMonitor(Callback):
         self._check(state)
 
     def _check(self, state: TrainState) -> None:
-        if self.warning is not None or not self.judged_n:
+        if self.warned or not self.judged_n:
             return
         share = self.judged_data / max(self.judged_step, 1e-12)
         if share <= self.threshold:
@@ -153,4 +168,5 @@ class DataStarvationMonitor(Callback):
         self.warning = (f"warning: training waits for data: {data_ms:.1f} ms of each {step_ms:.1f} ms update "
                         f"({100 * share:.0f}% > {100 * self.threshold:.0f}%) over {self.judged_n} updates. "
                         f"Try: {'; '.join(starvation_advice(self.loader))}")
+        self.warned = True
         state.log(self.warning)

@@ -5,8 +5,9 @@ Kept apart from callbacks.py so that `Model` and the callbacks both depend on it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -31,21 +32,58 @@ class TrainState:
     epoch_loss_sum: Any = 0.0  # tensor sum over the epoch; synced only at epoch end
     epoch_samples: int = 0
     epoch_correct: Any = 0
+    epoch_start: float = 0.0  # time.perf_counter() at the epoch's start (moved back on resume by the time spent)
     stop_training: bool = False
     log_fn: Any = print
+    callbacks: list = field(default_factory=list)  # the run's callbacks (their state goes in checkpoints)
 
     def log(self, msg: str) -> None:
         self.log_fn(msg)
 
+    @property
+    def epoch_complete(self) -> bool:
+        """True once every update of the current epoch has run (False after a stop mid-epoch)."""
+        return self.step_in_epoch >= self.steps_per_epoch
+
+    def epoch_sums(self) -> dict[str, Any]:
+        """The epoch's running sums as saved in a checkpoint: the tensors themselves (resume adds to the very
+        same fp32 values, so the resumed epoch's train metrics are bit-identical), or the initial numbers."""
+        cpu = [v.detach().cpu() if isinstance(v, torch.Tensor) else v for v in (self.epoch_loss_sum, self.epoch_correct)]
+        return {"loss_sum": cpu[0], "samples": self.epoch_samples, "correct": cpu[1]}
+
+    def loss_is_finite(self) -> bool:
+        """The last update's loss and the epoch's sum are finite (an update skipped as non-finite is not
+        counted in the sum). Reads two scalars: call it where a host sync is paid anyway."""
+        out = self.output
+        last_ok = out is None or getattr(out, "nonfinite", False) or math.isfinite(float(out.loss))
+        return last_ok and math.isfinite(float(torch.as_tensor(self.epoch_loss_sum)))
+
 
 class Callback:
-    """Override the hook points you need."""
+    """Override the hook points you need. A callback whose progress matters for an exact resume returns it
+    from `state_dict` (tensors and plain values); checkpoints carry it and `load_state_dict` gets it back
+    before `on_train_begin` of the resumed run."""
 
     def on_train_begin(self, state: TrainState) -> None: ...
     def on_train_epoch_begin(self, state: TrainState) -> None: ...
     def on_train_step_end(self, state: TrainState) -> None: ...
     def on_train_epoch_end(self, state: TrainState) -> None: ...
     def on_train_end(self, state: TrainState) -> None: ...
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def keyed_callbacks(callbacks: Sequence[Callback]) -> Iterator[tuple[str, Callback]]:
+    """(key, callback) with keys `ClassName`, `ClassName#2`, ...: stable when a resumed run adds or
+    reorders callbacks of other classes."""
+    seen: dict[str, int] = {}
+    for cb in callbacks:
+        name = type(cb).__name__
+        seen[name] = seen.get(name, 0) + 1
+        yield (name if seen[name] == 1 else f"{name}#{seen[name]}"), cb
 
 
 def summarize_epoch(state: TrainState) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """TrainStep: one optimizer update, as one readable function. Subclass it (or replace it) for custom steps.
 
 forward (autocast) -> loss / n_micro -> scaled backward (no DDP sync until the last micro-batch)
--> unscale -> [overflow check] -> hooks.on_gradients -> clip -> hooks.before_optimizer
+-> non-finite loss check (stop, or skip the update) -> unscale -> [overflow check] -> hooks.on_gradients -> clip -> hooks.before_optimizer
 -> optimizer.step -> hooks.after_optimizer -> scaler.update -> zero_grad -> EMA
 """
 
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .. import dist
+from ..errors import ConfigError, TrainingError
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import LossScaleManager
@@ -29,7 +30,8 @@ def prepare_input(x: torch.Tensor, device: torch.device, channels_last: bool = F
     x = x.to(device, non_blocking=True)
     if x.dtype == torch.uint8:
         if input_norm is None:
-            raise ValueError("a uint8 batch needs input_norm=(mean, std) to be normalized on the device")
+            raise ConfigError("a uint8 batch needs input_norm=(mean, std) to be normalized on the device",
+                          "pass input_norm=(mean, std) to Model/TrainStep, or give float batches")
         from ..data.transforms import normalize_batch
 
         x = normalize_batch(x, *input_norm)
@@ -43,7 +45,11 @@ class StepOutput:
     loss: torch.Tensor  # mean loss over the update's samples (detached, fp32)
     samples: int
     correct: Optional[torch.Tensor] = None  # top-1 hits, when the step computes accuracy
-    skipped: bool = False  # update dropped because gradients overflowed
+    skipped: bool = False  # update dropped: gradients overflowed, or the loss was non-finite
+    nonfinite: bool = False  # the loss was inf/NaN (the update was skipped; not counted in epoch sums)
+
+
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 class TrainStep:
@@ -56,7 +62,13 @@ class TrainStep:
                  hooks: Sequence[StepHook] = (), lr_schedule: Optional[np.ndarray] = None,
                  channels_last: bool = False, compute_accuracy: bool = False,
                  ema_model: Optional[nn.Module] = None,
-                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None) -> None:
+                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None,
+                 nonfinite: str = "stop", max_nonfinite_steps: int = 0) -> None:
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(f"nonfinite={nonfinite!r} is not a policy", "use 'stop' or 'skip'")
+        if nonfinite == "skip" and max_nonfinite_steps < 1:
+            raise ConfigError(f"nonfinite='skip' with max_nonfinite_steps={max_nonfinite_steps} would never skip",
+                              "set max_nonfinite_steps to the consecutive skipped updates to allow (e.g. 10)")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.device = torch.device(device)
         self.autocast_dtype, self.loss_scale = autocast_dtype, loss_scale
@@ -66,6 +78,8 @@ class TrainStep:
         # EMA tracks the bare module even when `model` is a DDP wrapper.
         self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
         self.last_grad_norm: Optional[torch.Tensor] = None
+        self.nonfinite, self.max_nonfinite_steps = nonfinite, max_nonfinite_steps
+        self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss
         for g in optimizer.param_groups:  # remember each group's share of the schedule (e.g. lr multipliers)
             g.setdefault("lr_scale", 1.0)
 
@@ -119,6 +133,10 @@ class TrainStep:
             samples += y.shape[0]
             if correct is not None:
                 correct += (logits.detach().argmax(1) == y).sum()
+        loss = loss_sum / max(samples, 1)
+        if self.loss_nonfinite(loss, step):  # skip: no optimizer, scaler, hook or EMA change
+            opt.zero_grad(set_to_none=True)
+            return StepOutput(loss=loss, samples=samples, correct=correct, skipped=True, nonfinite=True)
 
         overflow = self.unscale_and_check()
         drop = overflow and (scaler is None or scaler.drop_overflow_update)
@@ -136,7 +154,26 @@ class TrainStep:
         opt.zero_grad(set_to_none=True)
         if self.ema is not None and not drop:
             self.ema.update(self.ema_model)
-        return StepOutput(loss=loss_sum / max(samples, 1), samples=samples, correct=correct, skipped=drop)
+        return StepOutput(loss=loss, samples=samples, correct=correct, skipped=drop)
+
+    def loss_nonfinite(self, loss: torch.Tensor, step: int) -> bool:
+        """True when this update's loss is inf/NaN on any rank and the policy skips it; raises TrainingError
+        when the policy stops (or too many consecutive updates were skipped). The cost is one isfinite and
+        one host read per update (plus a tiny all-reduce under several ranks, so all decide together)."""
+        local = not bool(torch.isfinite(loss))
+        if not dist.any_rank(local):
+            self.nonfinite_streak = 0
+            return False
+        self.nonfinite_streak += 1
+        seen = f"the loss became {loss.item()}" if local else "the loss became non-finite on another rank"
+        fix = ("lower the learning rate, clip gradients (clip_global_norm) or use loss scaling, then resume from "
+               "the last checkpoint (checkpoints only ever hold finite weights)")
+        if self.nonfinite == "stop":
+            raise TrainingError(f"{seen} at update {step + 1}; stopped before applying it", fix)
+        if self.nonfinite_streak > self.max_nonfinite_steps:
+            raise TrainingError(f"{seen} at update {step + 1}: {self.nonfinite_streak} non-finite updates in a row "
+                                f"(max_nonfinite_steps={self.max_nonfinite_steps})", fix)
+        return True
 
     def unscale_and_check(self) -> bool:
         """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
@@ -176,6 +213,7 @@ class TrainStep:
 
     def state_dict(self) -> dict:
         state = {f"hook{i}": h.state_dict() for i, h in enumerate(self.hooks)}
+        state["nonfinite_streak"] = self.nonfinite_streak
         if self.loss_scale is not None:
             state["loss_scale"] = self.loss_scale.state_dict()
         return state
@@ -183,5 +221,6 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         for i, h in enumerate(self.hooks):
             h.load_state_dict(state.get(f"hook{i}", {}))
+        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
         if self.loss_scale is not None and "loss_scale" in state:
             self.loss_scale.load_state_dict(state["loss_scale"])

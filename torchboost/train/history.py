@@ -1,0 +1,118 @@
+"""`History`: the per-epoch record of a run, as history.jsonl, history.csv and history.png.
+
+All three are rewritten atomically after every epoch (a crash leaves the previous version, never half a
+file; a failed plot never replaces a good one). A resumed run continues the history; a damaged
+history.jsonl is set aside as history.jsonl.damaged with a warning, keeping the rows before the damage.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from torchboost.dist import is_main as is_main_process
+from torchboost.fileio import atomic_path, atomic_write, output_error, remove_stale_temps
+from torchboost.train.state import Callback, TrainState
+
+PLOTTED = (("train_loss", 0, "train"), ("val_loss", 0, "validation"),
+           ("train_top_1_accuracy", 1, "train top-1"), ("val_top_1_accuracy", 1, "validation top-1"),
+           ("val_top_5_accuracy", 1, "validation top-5"), ("val_ema_top_1_accuracy", 1, "validation top-1 (EMA)"))
+
+
+def read_history(path: Path) -> tuple[list[dict], int | None]:
+    """The rows of a history.jsonl and the 1-based line number of the first damaged line (None: intact).
+    A row is damaged when it is not a JSON object with an integer "epoch"; nothing after it is trusted."""
+    rows = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return rows, n
+        if not isinstance(row, dict) or not isinstance(row.get("epoch"), int):
+            return rows, n
+        rows.append(row)
+    return rows, None
+
+
+def to_csv(rows: list[dict]) -> str:
+    """CSV text of the rows; the header is the union of their keys in first-seen order (missing = empty)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+class History(Callback):
+    """history.jsonl (one JSON line per epoch), history.csv (the same rows) and history.png (loss and
+    accuracy, train vs validation) in `directory`, written by rank 0."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.records: list[dict] = []
+
+    @property
+    def path(self) -> Path:
+        return self.directory / "history.jsonl"
+
+    def on_train_begin(self, state: TrainState) -> None:
+        if is_main_process():
+            remove_stale_temps(self.directory)
+        if not self.path.exists():
+            return
+        rows, damaged_at = read_history(self.path)
+        self.records = [r for r in rows if r["epoch"] <= state.epoch]  # a resumed run continues its history
+        if damaged_at is None or not is_main_process():
+            return
+        aside = self.path.with_name(self.path.name + ".damaged")
+        try:
+            os.replace(self.path, aside)
+        except OSError as e:
+            raise output_error(aside, e) from e
+        state.log(f"warning: {self.path} is damaged at line {damaged_at}; moved it to {aside.name} and kept the "
+                  f"{len(rows)} rows before the damage")
+        self.write()
+
+    def on_train_epoch_end(self, state: TrainState) -> None:
+        record = {"epoch": state.epoch + 1, "global_step": state.global_step}
+        record.update({k: v for k, v in state.eval_results.items() if isinstance(v, (int, float))})
+        self.records.append(record)
+        if is_main_process():
+            self.write()
+
+    def write(self) -> None:
+        """Rewrite history.jsonl, history.csv and history.png from `records`, each atomically."""
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
+        atomic_write(self.directory / "history.csv", to_csv(self.records))
+        self.plot(self.directory / "history.png")
+
+    def plot(self, path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless: never needs a display
+        import matplotlib.pyplot as plt
+
+        epochs = [r["epoch"] for r in self.records]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        try:
+            for key, i, label in PLOTTED:
+                pts = [(r["epoch"], r[key]) for r in self.records if key in r]
+                if pts:
+                    axes[i].plot(*zip(*pts), marker="o", label=label)
+            axes[0].set(xlabel="epoch", ylabel="loss", title="loss")
+            axes[1].set(xlabel="epoch", ylabel="accuracy", title="accuracy (gap = overfitting)")
+            for ax in axes:
+                ax.grid(alpha=0.3)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend()
+                if epochs:
+                    ax.set_xticks(epochs if len(epochs) <= 20 else epochs[:: max(len(epochs) // 10, 1)])
+            fig.tight_layout()
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=100, format="png")  # format: the temp name does not end in .png
+        finally:
+            plt.close(fig)
