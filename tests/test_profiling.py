@@ -1,51 +1,36 @@
-"""Data-starvation monitor and profiler callback, through Model.train."""
+"""Data-starvation monitor and profiler callback, through Model.train. Step and data times are scripted
+(a callback overwrites what Model.train measured), so the assertions hold on any machine."""
 
 import json
-import time
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.callbacks import Callback
 from torchboost.train.model import Model
 
-SLEEP_S = 0.004
 
+class ScriptedTimes(Callback):
+    """Replaces the measured times of each update with `times(epoch, step_in_epoch)` (seconds)."""
 
-class SlowDataset(Dataset):
-    """Each sample costs SLEEP_S of "decoding"."""
-
-    def __len__(self):
-        return 24
-
-    def __getitem__(self, i):
-        time.sleep(SLEEP_S)
-        return torch.full((1, 6, 6), float(i % 3)), i % 5
-
-
-class Timings(Callback):
-    """Independent tally of what Model.train measured, per epoch."""
-
-    def __init__(self):
-        self.epochs = []
-
-    def on_train_epoch_begin(self, state):
-        self.epochs.append([0.0, 0.0, 0])
+    def __init__(self, times):
+        self.times = times
 
     def on_train_step_end(self, state):
-        e = self.epochs[-1]
-        e[0] += state.data_time
-        e[1] += state.step_time
-        e[2] += 1
+        state.data_time, state.step_time = self.times(state.epoch, state.step_in_epoch)
 
 
 def make_model():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
     return Model(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), device="cpu")
+
+
+def batches(n=6, size=4):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(size, 1, 6, 6, generator=g), torch.randint(0, 5, (size,), generator=g)) for _ in range(n)]
 
 
 def run(data, callbacks, epochs=2):
@@ -59,38 +44,51 @@ def run(data, callbacks, epochs=2):
     return state, logs
 
 
-def test_slow_dataset_warns_exactly_once():
-    loader = DataLoader(SlowDataset(), batch_size=4, num_workers=0)
-    monitor, timings = DataStarvationMonitor(loader=loader), Timings()
-    state, logs = run(loader, [timings, monitor])
+def test_slow_data_warns_exactly_once_with_loader_specific_advice():
+    images, labels = map(torch.cat, zip(*batches()))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=4)
+    monitor = DataStarvationMonitor(loader=loader)
+    state, logs = run(loader, [ScriptedTimes(lambda e, s: (0.003, 0.004)), monitor])
     warnings = [line for line in logs if line.startswith("warning: training waits for data")]
     assert len(warnings) == 1 and warnings[0] == monitor.warning
+    assert "3.0 ms of each 4.0 ms update (75% > 5%) over 5 updates" in warnings[0]  # 6 updates, 1 warm-up
     assert "data.workers=N" in warnings[0] and "decode" in warnings[0]  # advice fits a 0-worker loader
-    summaries = [line for line in logs if "data wait" in line and line.startswith("epoch:")]
-    assert len(summaries) == 2
-    data_s, step_s, n = timings.epochs[-1]
-    assert n == 6
-    assert state.eval_results["data_wait_share"] == pytest.approx(data_s / step_s)
-    assert state.eval_results["data_wait_ms"] == pytest.approx(1000 * data_s / n)
-    assert state.eval_results["data_wait_ms"] >= 4 * SLEEP_S * 1000  # 4 samples of SLEEP_S each per batch
-    assert f"{1000 * data_s / n:.2f} ms of {1000 * step_s / n:.2f} ms" in summaries[-1]
+    summaries = [line for line in logs if line.startswith("epoch:") and "data wait" in line]
+    assert summaries == ["epoch: 1 data wait 3.00 ms of 4.00 ms per update (75.0%), compute 1.00 ms",
+                         "epoch: 2 data wait 3.00 ms of 4.00 ms per update (75.0%), compute 1.00 ms"]
+    assert logs.index(warnings[0]) == logs.index(summaries[0]) + 1  # decided at the end of epoch 1
+    assert state.eval_results["data_wait_share"] == pytest.approx(0.75)
+    assert state.eval_results["data_wait_ms"] == pytest.approx(3.0)
+    assert state.eval_results["step_ms"] == pytest.approx(4.0)
 
 
 def test_fast_data_does_not_warn():
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(16, 1, 6, 6, generator=g), torch.randint(0, 5, (16,), generator=g)) for _ in range(12)]
-    monitor, timings = DataStarvationMonitor(), Timings()
-    state, logs = run(batches, [timings, monitor])
+    monitor = DataStarvationMonitor()
+    state, logs = run(batches(), [ScriptedTimes(lambda e, s: (0.0001, 0.004)), monitor])
     assert monitor.warning is None and not any(line.startswith("warning:") for line in logs)
-    assert state.eval_results["data_wait_share"] < 0.05
+    assert state.eval_results["data_wait_share"] == pytest.approx(0.025)
     assert sum(line.startswith("epoch:") and "data wait" in line for line in logs) == 2
 
 
+def test_warmup_updates_count_in_the_summary_but_not_in_the_decision():
+    monitor = DataStarvationMonitor(warmup_steps=1)
+    # the first update of each epoch waits 100 ms for its workers; the rest are fed in time
+    state, logs = run(batches(), [ScriptedTimes(lambda e, s: (0.1, 0.104) if s == 1 else (0.0001, 0.004)), monitor])
+    assert monitor.warning is None
+    assert state.eval_results["data_wait_share"] == pytest.approx(0.1005 / 0.124)  # summary: all 6 updates
+
+
+def test_decision_after_check_after_updates_comes_before_the_epoch_summary():
+    monitor = DataStarvationMonitor(check_after=3)
+    _, logs = run(batches(), [ScriptedTimes(lambda e, s: (0.003, 0.004)), monitor], epochs=1)
+    warning = next(i for i, line in enumerate(logs) if line.startswith("warning:"))
+    summary = next(i for i, line in enumerate(logs) if "data wait" in line and line.startswith("epoch:"))
+    assert warning < summary and "over 3 updates" in logs[warning]
+
+
 def test_profiler_writes_a_trace(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(8, 1, 6, 6, generator=g), torch.randint(0, 5, (8,), generator=g)) for _ in range(7)]
     prof = ProfilerCallback(tmp_path / "trace", wait=1, warmup=1, active=3)
-    _, logs = run(batches, [prof], epochs=1)
+    _, logs = run(batches(7, 8), [prof], epochs=1)
     traces = list((tmp_path / "trace").glob("*.pt.trace.json"))
     assert len(traces) == 1
     events = json.loads(traces[0].read_text())["traceEvents"]
@@ -101,7 +99,6 @@ def test_profiler_writes_a_trace(tmp_path):
 
 
 def test_profiler_says_when_the_run_is_too_short(tmp_path):
-    batches = [(torch.randn(8, 1, 6, 6), torch.randint(0, 5, (8,))) for _ in range(2)]
-    _, logs = run(batches, [ProfilerCallback(tmp_path / "trace")], epochs=1)
+    _, logs = run(batches(2, 8), [ProfilerCallback(tmp_path / "trace")], epochs=1)
     assert not list((tmp_path / "trace").glob("*.json"))
     assert any("no trace written" in line for line in logs)
