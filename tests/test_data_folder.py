@@ -11,7 +11,7 @@ from PIL import Image
 from torchboost.data import build_loader
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
-from torchboost.data.folder import ImageFolder
+from torchboost.data.folder import ImageFolder, loader_skipped
 from torchboost.data.transforms import IMAGENET_MEAN, IMAGENET_STD, eval_transform, train_transform
 from torchboost.errors import DataError
 
@@ -81,19 +81,22 @@ def test_corrupt_image_error_names_the_file(tmp_path):
             ds[i]
 
 
-def test_skip_corrupt_substitutes_next_valid_and_counts(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_corrupt_substitutes_next_valid_and_counts_each_file_once(tmp_path, workers):
     t = eval_transform(16, IMAGENET_MEAN, IMAGENET_STD, uint8=True)
     ds = ImageFolder(corrupt_folder(tmp_path), t, skip_corrupt=True)
+    readable = {i: t(Image.open(tmp_path / "a" / f"{i}.jpg")) for i in (0, 3)}
+    loader = build_loader(ds, 2, train=False, workers=workers, persistent_workers=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        x1, _ = ds[1]  # 1.jpg and 2.jpg are corrupt -> 3.jpg
-    assert torch.equal(x1, ds[3][0]) and ds.skipped == 2
-    assert any("1.jpg" in str(w.message) for w in caught)
-    # Counts made in worker processes reach the main process.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        batches = list(build_loader(ds, 2, train=False, workers=2, persistent_workers=False))
-    assert sum(len(y) for _, y in batches) == 4 and ds.skipped == 2 + 3  # index 1 skips two files, 2 one
+        for _ in range(2):  # two epochs meet the same two corrupt files again
+            x = torch.cat([x for x, _ in loader])
+            # 1.jpg and 2.jpg are corrupt: samples 1 and 2 both show the next readable one, 3.jpg.
+            assert torch.equal(x, torch.stack([readable[0], readable[3], readable[3], readable[3]]))
+            assert loader_skipped(loader) == ds.skipped == 2  # counted in the worker processes too
+    assert [Path(f).name for f in ds.corrupt_files] == ["1.jpg", "2.jpg"]
+    if workers == 0:  # (workers warn in their own processes)
+        assert sorted(Path(str(w.message).split()[3]).name for w in caught) == ["1.jpg", "2.jpg"]
 
 
 def test_evaluation_drops_corrupt_images_instead_of_counting_a_substitute_twice(tmp_path):

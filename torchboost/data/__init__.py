@@ -8,18 +8,20 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
-from torchboost.data.folder import ImageFolder, drop_missing_collate, read_image
+from torchboost.data.folder import ImageFolder, drop_missing_collate, folder_channels, loader_skipped, read_image
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset, passthrough_collate
-from torchboost.data.transforms import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, TrainTransform,
-                                        eval_transform, normalize_batch, train_transform)
+from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, EvalTransform, FlipTransform,
+                                        ImageTransform, ShiftTransform, TrainTransform, eval_transform,
+                                        normalize_batch, train_transform)
 
 __all__ = [
-    "build_loader", "read_image", "load_builtin", "export_folder", "ImageFolder", "read_idx",
-    "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler", "sample_rng", "SyntheticImages",
-    "TensorImageDataset", "passthrough_collate", "TrainTransform", "EvalTransform", "train_transform",
+    "build_loader", "read_image", "load_builtin", "export_folder", "ImageFolder", "folder_channels",
+    "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
+    "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
+    "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
     "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD",
 ]
 

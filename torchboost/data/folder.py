@@ -5,7 +5,8 @@ minutes). By default the first one raises a DataError naming the file. With skip
 set replaces it by the next readable sample in index order (wrapping around): batches stay full and shapes
 stay static, which BatchNorm, DDP and compiled steps expect. An evaluation set (drop_corrupt=True) returns
 None instead, and `drop_missing_collate` leaves it out of the batch, so metrics cover exactly the readable
-images. `skipped` counts the corrupt samples met in every process; each file is warned about once per process.
+images. Corrupt files are marked in a table shared with the DataLoader's worker processes: `skipped` (and
+`loader_skipped(loader)`) counts the distinct files met so far, each warned about once.
 """
 
 from __future__ import annotations
@@ -18,20 +19,23 @@ from typing import Any
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate
 
 from torchboost.data.sampling import sample_rng
+from torchboost.data.transforms import ImageTransform
 from torchboost.errors import DataError
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # What Pillow raises for an unreadable file: OSError (UnidentifiedImageError, truncated data), SyntaxError
 # and ValueError (malformed headers or chunks), DecompressionBombError (absurd declared sizes).
 IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-_SLOTS = 257  # skip counters: slot 0 for the main process, one per worker id, so no two writers race
+# Pillow modes of one-channel images (bilevel, 8/16/32-bit gray, gray + alpha); palette images count as colour.
+GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F")
+MAX_SIDE = 8192  # a transform working at more pixels per side is a typo (one image would take > 200 MB)
 
 
-def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """(sorted class names, [(image path, class index)]) of an image folder; hidden folders are ignored."""
+def find_classes(root: str | Path) -> list[str]:
+    """Sorted class folder names of an image folder; hidden folders are ignored."""
     root = Path(root)
     layout = f"put each class's images in its own sub-folder: {root}/<class>/<image>.jpg"
     if not root.exists():
@@ -41,15 +45,42 @@ def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise DataError(f"no class folders in {root}", layout)
-    samples: list[tuple[str, int]] = []
-    for index, name in enumerate(classes):
-        files = sorted(os.path.join(d, f) for d, _, names in os.walk(root / name, followlinks=True)
-                       for f in names if f.lower().endswith(IMG_EXTENSIONS))
-        if not files:
-            raise DataError(f"no images in class folder {root / name}",
-                            "put .jpg/.jpeg/.png/.bmp/.webp files in it or remove the folder")
-        samples += [(f, index) for f in files]
+    return classes
+
+
+def class_files(folder: Path) -> list[str]:
+    """Sorted image paths under one class folder (recursively, following links); at least one."""
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(folder, followlinks=True)
+                   for f in names if f.lower().endswith(IMG_EXTENSIONS))
+    if not files:
+        raise DataError(f"no images in class folder {folder}",
+                        "put .jpg/.jpeg/.png/.bmp/.webp files in it or remove the folder")
+    return files
+
+
+def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """(sorted class names, [(image path, class index)]) of an image folder; hidden folders are ignored."""
+    classes = find_classes(root)
+    samples = [(f, index) for index, name in enumerate(classes) for f in class_files(Path(root) / name)]
     return classes, samples
+
+
+def folder_channels(root: str | Path) -> int:
+    """1 if the folder's first image (first class, first file, sorted) is grayscale (GRAY_MODES), else 3.
+    Reads that file's header only: one listing of the first class folder and one open, no decode."""
+    path = class_files(Path(root) / find_classes(root)[0])[0]
+    try:
+        with Image.open(path) as img:
+            return 1 if img.mode in GRAY_MODES else 3
+    except IMAGE_ERRORS as e:
+        raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
+                        "replace or delete it, or set the number of channels explicitly") from None
+
+
+def loader_skipped(loader: Any) -> int:
+    """Corrupt images a loader's data set skipped so far, counted in its worker processes too (0 for data
+    sets that never skip)."""
+    return int(getattr(getattr(loader, "dataset", None), "skipped", 0))
 
 
 def drop_missing_collate(batch: list[Any]) -> Any:
@@ -78,15 +109,25 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: str | Path, transform: Callable[..., Any] | None, skip_corrupt: bool = False,
                  drop_corrupt: bool = False) -> None:
+        if isinstance(transform, ImageTransform) and transform.max_side > MAX_SIDE:
+            raise DataError(f"the transform resizes images to {transform.max_side} px per side (limit {MAX_SIDE})",
+                            "use an image size such as 224 (and a crop_pct near 0.875)")
         self.root, self.transform, self.skip_corrupt = Path(root), transform, skip_corrupt
         self.drop_corrupt = drop_corrupt  # with skip_corrupt: None instead of a substitute (evaluation)
         self.classes, self.samples = find_samples(root)
-        self._skipped = torch.zeros(_SLOTS, dtype=torch.int64).share_memory_()  # seen by every worker
+        # 1 = unreadable. Shared memory, so marks made in worker processes reach the main process; setting
+        # a byte to 1 is idempotent, so concurrent writers need no lock.
+        self._corrupt = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()
 
     @property
     def skipped(self) -> int:
-        """Corrupt samples replaced or dropped so far, summed over the main process and all workers."""
-        return int(self._skipped.sum())
+        """Distinct corrupt files met so far (replaced or dropped), in the main process and all workers."""
+        return int(self._corrupt.sum())
+
+    @property
+    def corrupt_files(self) -> list[str]:
+        """Paths of the corrupt files met so far, in sample order."""
+        return [self.samples[k][0] for k in self._corrupt.nonzero().flatten().tolist()]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -101,7 +142,8 @@ class ImageFolder(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int] | None:
         n = len(self.samples)
         for offset in range(n if self.skip_corrupt else 1):
-            path, label = self.samples[(int(index) + offset) % n]
+            k = (int(index) + offset) % n
+            path, label = self.samples[k]
             try:
                 return self._load(path, index), label  # a substitute keeps the original's random draw
             except IMAGE_ERRORS as e:
@@ -109,9 +151,9 @@ class ImageFolder(Dataset):
                     raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
                                     "replace or delete it, or set data.skip_corrupt=true to skip such images"
                                     ) from None
-                worker = get_worker_info()
-                self._skipped[0 if worker is None else 1 + worker.id % (_SLOTS - 1)] += 1
-                warnings.warn(f"skipping corrupt image {path} ({type(e).__name__}: {e})", stacklevel=2)
+                if not self._corrupt[k]:
+                    self._corrupt[k] = 1
+                    warnings.warn(f"skipping corrupt image {path} ({type(e).__name__}: {e})", stacklevel=2)
                 if self.drop_corrupt:
                     return None
         raise DataError(f"no readable image in {self.root}", "every image failed to decode; check the files")

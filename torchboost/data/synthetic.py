@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from torchboost.data.tensors import TensorImageDataset
+from torchboost.errors import DataError
 
 UNIFORM_STD = math.sqrt((256**2 - 1) / 12) / 255  # std of uniform integers 0..255, on the 0..1 scale
+MEMORY_SHARE = 0.25  # refuse a data set that would take more of physical memory: it is a typo, not a plan
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class SyntheticImages(TensorImageDataset):
@@ -22,6 +30,11 @@ class SyntheticImages(TensorImageDataset):
 
     def __init__(self, n: int, num_classes: int, channels: int = 3, size: int = 224, seed: int = 0,
                  uint8: bool = False, pool: int = 64) -> None:
+        need = min(n, pool) * channels * size * size + 8 * n  # uint8 pool + int64 labels
+        if need > MEMORY_SHARE * physical_memory():
+            raise DataError(f"{n} synthetic {channels}×{size}×{size} images with a pool of {min(n, pool)} need "
+                            f"{need / 2**30:.1f} GiB, over {MEMORY_SHARE:.0%} of this machine's memory",
+                            "lower the image size, the sample count or the pool")
         g = torch.Generator().manual_seed(seed)
         images = torch.randint(0, 256, (min(n, pool), channels, size, size), generator=g, dtype=torch.uint8)
         labels = torch.randint(0, num_classes, (n,), generator=g)

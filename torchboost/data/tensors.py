@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from torchboost.data.sampling import sample_rng
-from torchboost.data.transforms import norm_coeffs
+from torchboost.data.transforms import norm_coeffs, translate
 from torchboost.errors import DataError
 
 
@@ -71,12 +71,10 @@ class TensorImageDataset(Dataset):
         """Shift each image by (dy, dx) drawn from its sample's stream (seeded by seed, epoch and index under
         ShardSampler, so a resumed run sees the same shifts); pixels moved in are 0."""
         s = self.shift
-        _, _, h, w = x.shape
-        padded = np.pad(x, ((0, 0), (0, 0), (s, s), (s, s)))
         out = np.empty_like(x)
         for i, index in enumerate(indices):
             dy, dx = sample_rng(index).integers(-s, s + 1, size=2)
-            out[i] = padded[i, :, s - dy: s - dy + h, s - dx: s - dx + w]
+            out[i] = translate(x[i], int(dy), int(dx), axes=(1, 2))
         return out
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:

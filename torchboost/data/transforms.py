@@ -3,7 +3,13 @@
 Geometry follows torchvision: RandomResizedCrop's sampling, Resize of the shorter side, centre crop, and
 Pillow's antialiased bilinear resize (run by torch's faster uint8 port of it where the box is whole
 pixels). JPEGs are decoded in Pillow's draft mode at the largest 1/2, 1/4 or 1/8 reduction whose crop
-region still covers the output size, so large photos skip most decode work.
+region still covers the output size, so large photos skip most decode work. Every image becomes 8-bit L
+(one channel) or RGB (three): 16-bit grayscale keeps its high byte, 1-bit, palette and alpha images are
+converted by Pillow.
+
+Training augmentations (`train_transform(augment=...)`): "imagenet" (RandomResizedCrop + flip), "flip"
+(the evaluation resize + centre crop, then flip), "shift" (whole image resized, then translated by a few
+pixels, as `TensorImageDataset(shift=...)` does for in-memory sets) and "none" (the evaluation transform).
 
 A transform is called as `transform(img, rng)` with an opened but not yet decoded PIL image (draft mode
 only works before decoding) and the sample's random stream (see `sampling.sample_rng`).
@@ -19,11 +25,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from torchboost.errors import ConfigError
+from torchboost.errors import ConfigError, suggest
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 BILINEAR = Image.Resampling.BILINEAR
+AUGMENTS = ("imagenet", "flip", "shift", "none")
+SIXTEEN_BIT = ("I", "I;16", "I;16L", "I;16B", "I;16N")  # "I" (32-bit) is how older Pillows open 16-bit PNGs
 
 
 def norm_coeffs(mean: Sequence[float], std: Sequence[float], device: torch.device | str | None = None
@@ -72,14 +80,35 @@ def draft_scale(region_w: float, region_h: float, out_w: int, out_h: int) -> int
     return next((s for s in (8, 4, 2) if s <= limit), 1)
 
 
+def to_8bit(img: Image.Image) -> Image.Image:
+    """A 16-bit grayscale image (SIXTEEN_BIT modes) as 8-bit L: value >> 8, the high byte, which maps
+    0..65535 onto 0..255 monotonically and an 8-bit image stored as v·257 back to v exactly (libpng's
+    strip_16, and what Pillow itself does to 16-bit RGB PNGs). Pillow's own convert("L") clips at 255."""
+    return Image.fromarray((np.asarray(img).clip(0, 65535) >> 8).astype(np.uint8))
+
+
 def decode(img: Image.Image, mode: str, scale: int = 1) -> tuple[Image.Image, int]:
-    """Decode `img` in `mode`, reduced by `scale` where the format allows it (JPEG); returns (image, scale
-    actually applied). Full-size coordinates map to the result by dividing by that scale."""
+    """Decode `img` in `mode` ("L" or "RGB"), reduced by `scale` where the format allows it (JPEG); returns
+    (image, scale actually applied). Full-size coordinates map to the result by dividing by that scale."""
     w, h = img.size
     # Asking for (w // s, h // s) makes Pillow pick exactly s (it takes the largest s ≤ w // request).
     drafted = img.draft(mode, (w // scale, h // scale) if scale > 1 else None)
     applied = 1 if drafted is None else round(w / drafted[1][2])
+    if img.mode in SIXTEEN_BIT:
+        img = to_8bit(img)
     return (img if img.mode == mode else img.convert(mode)), applied
+
+
+def translate(a: np.ndarray, dy: int, dx: int, axes: tuple[int, int] = (0, 1)) -> np.ndarray:
+    """`a` moved by dy along axes[0] (down) and dx along axes[1] (right); the pixels moved in are 0."""
+    out = np.zeros_like(a)
+    src, dst = [slice(None)] * a.ndim, [slice(None)] * a.ndim
+    for axis, d in zip(axes, (dy, dx)):
+        n = a.shape[axis]
+        d = max(-n, min(n, d))  # a shift past the edge leaves nothing
+        src[axis], dst[axis] = slice(max(0, -d), n - max(0, d)), slice(max(0, d), n - max(0, -d))
+    out[tuple(dst)] = a[tuple(src)]
+    return out
 
 
 def resize_region(img: Image.Image, box: tuple[float, float, float, float], size: tuple[int, int]
@@ -104,7 +133,9 @@ def resize_uint8(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return y[0].permute(1, 2, 0).numpy()
 
 
-class _Transform:
+class ImageTransform:
+    """Base of the transforms: output size, normalization and the uint8 → tensor step."""
+
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], uint8: bool) -> None:
         if len(mean) != len(std) or len(mean) not in (1, 3):
             raise ConfigError(f"mean {tuple(mean)} and std {tuple(std)} must both have 1 or 3 values",
@@ -112,6 +143,11 @@ class _Transform:
         self.size, self.mean, self.std, self.uint8 = size, tuple(mean), tuple(std), uint8
         self.mode = "L" if len(mean) == 1 else "RGB"
         self._scale, self._shift = norm_coeffs(mean, std)
+
+    @property
+    def max_side(self) -> int:
+        """The largest side (pixels) an image is resized to on its way to the output."""
+        return self.size
 
     def to_tensor(self, a: np.ndarray, flip: bool = False) -> torch.Tensor:
         """C×H×W uint8 (uint8=True) or normalized float32 from an H×W(×C) uint8 array, mirrored if `flip`."""
@@ -127,7 +163,7 @@ class _Transform:
         return torch.from_numpy(x)
 
 
-class TrainTransform(_Transform):
+class TrainTransform(ImageTransform):
     """RandomResizedCrop(size, scale, ratio) + horizontal flip + normalize, drawn from the sample's rng."""
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float],
@@ -145,7 +181,7 @@ class TrainTransform(_Transform):
         return self.to_tensor(out, flip)
 
 
-class EvalTransform(_Transform):
+class EvalTransform(ImageTransform):
     """Resize the shorter side to int(size / crop_pct), centre-crop size × size, normalize."""
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
@@ -163,18 +199,80 @@ class EvalTransform(_Transform):
         left, top = int(round((nw - self.size) / 2.0)), int(round((nh - self.size) / 2.0))
         return (nw, nh), (left, top, left + self.size, top + self.size)
 
-    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
-        (nw, nh), crop = self.geometry(img.width, img.height)
+    @property
+    def max_side(self) -> int:
+        """The shorter side after the resize (size / crop_pct); the longer one follows the image's aspect."""
+        return self.resize
+
+    def crop(self, img: Image.Image) -> np.ndarray:
+        """The resized and centre-cropped image as an H×W(×C) uint8 array."""
+        (nw, nh), (left, top, right, bottom) = self.geometry(img.width, img.height)
         full_w, full_h = img.size
         img, s = decode(img, self.mode, draft_scale(full_w, full_h, nw, nh))
-        left, top, right, bottom = crop
-        resized = resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh))
-        return self.to_tensor(resized[top:bottom, left:right])
+        return resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh))[top:bottom, left:right]
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        return self.to_tensor(self.crop(img))
 
 
-def train_transform(size: int, mean: Sequence[float], std: Sequence[float], **kw) -> TrainTransform:
-    """RandomResizedCrop scale (0.08, 1) ratio (3/4, 4/3) + flip + normalize (see TrainTransform)."""
-    return TrainTransform(size, mean, std, **kw)
+class FlipTransform(EvalTransform):
+    """The evaluation resize + centre crop, then a horizontal flip with probability flip_p, + normalize."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
+                 flip_p: float = 0.5, uint8: bool = False) -> None:
+        super().__init__(size, mean, std, crop_pct, uint8)
+        self.flip_p = flip_p
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        rng = np.random.default_rng() if rng is None else rng
+        return self.to_tensor(self.crop(img), rng.random() < self.flip_p)
+
+
+class ShiftTransform(ImageTransform):
+    """Resize the whole image to size × size, translate it by (dy, dx) drawn uniformly from
+    [-shift, shift]² (zeros move in: the background of MNIST-like images), normalize. The same draw from the
+    same stream as `TensorImageDataset(shift=...)`, so a folder of exported digits is augmented identically."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], shift: int,
+                 uint8: bool = False) -> None:
+        if shift < 1:
+            raise ConfigError(f"the shift augmentation needs a shift of at least 1 pixel, got {shift}",
+                              "set data.random_shift to a pixel count such as 2, or use augment 'none'")
+        super().__init__(size, mean, std, uint8)
+        self.shift = shift
+
+    def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        rng = np.random.default_rng() if rng is None else rng
+        dy, dx = rng.integers(-self.shift, self.shift + 1, size=2)
+        w, h = img.size
+        img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
+        a = resize_region(img, (0, 0, w / s, h / s), (self.size, self.size))
+        return self.to_tensor(translate(a, int(dy), int(dx)))
+
+
+def train_transform(size: int, mean: Sequence[float], std: Sequence[float], *, uint8: bool = False,
+                    augment: str = "imagenet", rrc_scale: tuple[float, float] = (0.08, 1.0), shift: int = 0,
+                    crop_pct: float = 0.875, ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5,
+                    scale: tuple[float, float] | None = None) -> ImageTransform:
+    """The training transform of an image folder (see AUGMENTS and the module docstring): "imagenet" uses
+    rrc_scale and ratio, "flip" and "none" crop_pct, "shift" shift; flip_p is the flip probability.
+    `scale` is the former name of rrc_scale."""
+    rrc_scale = tuple(rrc_scale if scale is None else scale)
+    if not 0 < rrc_scale[0] <= rrc_scale[1] <= 1:
+        raise ConfigError(f"RandomResizedCrop scale {rrc_scale} is not 0 < min <= max <= 1",
+                          "use e.g. data.rrc_scale=[0.08, 1.0]")
+    if augment not in AUGMENTS:
+        raise ConfigError(f"unknown augmentation {augment!r}", suggest(augment, AUGMENTS))
+    if shift and augment != "shift":
+        raise ConfigError(f"a shift of {shift} px only applies to the 'shift' augmentation, not {augment!r}",
+                          "set augment to 'shift' or the shift to 0")
+    if augment == "imagenet":
+        return TrainTransform(size, mean, std, rrc_scale, ratio, flip_p, uint8)
+    if augment == "flip":
+        return FlipTransform(size, mean, std, crop_pct, flip_p, uint8)
+    if augment == "shift":
+        return ShiftTransform(size, mean, std, shift, uint8)
+    return EvalTransform(size, mean, std, crop_pct, uint8)
 
 
 def eval_transform(size: int, mean: Sequence[float], std: Sequence[float], crop_pct: float = 0.875,
