@@ -121,6 +121,33 @@ def _cmd_debug_layers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_race(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .recipe import load_config
+    from .recipe.race import builtin_racer, parse_lr_grids, run_race
+    from .recipe.race_report import format_report, headline, summarize, write_results
+
+    torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
+    cfg = load_config(args.config, args.set or [])
+    grids = parse_lr_grids(args.lr or [])
+    racers = [builtin_racer(name, cfg, grids.get(name)) for name in args.optimizers]
+    targets = tuple(args.targets)
+    lanes = run_race(cfg, racers, range(args.seeds), targets, epochs=args.epochs, time_budget_s=args.time_budget,
+                     stop_at_targets=not args.full_budget)
+    summary = summarize(lanes, targets)
+    print(format_report(summary, args.threads))
+    if "thor" in args.optimizers and len(racers) > 1:
+        print(headline(summary, "thor"))
+    meta = {"recipe": args.config, "overrides": args.set or [], "targets": targets, "seeds": args.seeds,
+            "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget}
+    json_path, png = write_results(lanes, summary, meta, Path(args.output or f"runs/race-{cfg.name}"))
+    print(f"results: {json_path}; plot: {png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -207,6 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
     g.add_argument("--json", metavar="OUT.json")
     g.set_defaults(func=_cmd_debug_layers)
+
+    rc = sub.add_parser("race", help="race optimizers (sgd, adamw, muon, thor) on a recipe: time to accuracy")
+    rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
+    rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    rc.add_argument("--optimizers", nargs="+", default=["sgd", "adamw", "muon", "thor"], metavar="NAME")
+    rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
+                    help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
+    rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
+    rc.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (same init and batch order)")
+    rc.add_argument("--epochs", type=int, help="epoch budget and schedule length (default train.epochs)")
+    rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
+    rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
+    rc.add_argument("--threads", type=int, default=1, help="torch threads (fixed for fair timing)")
+    rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
+    rc.set_defaults(func=_cmd_race)
 
     from .bench import add_arguments, cmd_bench  # light: torch is imported by the package already
 

@@ -1,0 +1,54 @@
+"""`torchboost race` end to end on tiny data (every optimizer's per-lr runs in the JSON, the plot, epoch
+budget and epoch-by-epoch interleaving), and the summary's medians against hand-computed ones."""
+
+import json
+import math
+
+from torchboost.cli import main
+from torchboost.recipe.race import Lane
+from torchboost.recipe.race_report import ratio_to_best_other, summarize
+
+
+def test_race_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "race"
+    rc = main(["race", "--config", "digits-lenet", "--set", "data.batch_size=256", "--optimizers", "sgd", "adamw",
+               "muon", "thor", "--lr", "sgd=0.05,0.1", "--lr", "adamw=0.003", "--lr", "muon=0.02",
+               "--lr", "thor=0.05", "--seeds", "2", "--epochs", "2", "--targets", "0.3", "0.999", "--output", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "thor/best-other seconds-to-target" in text and "torch threads: 1" in text
+    data = json.loads((out / "race.json").read_text())
+    assert (out / "race.png").stat().st_size > 1000
+    runs = {(r["optimizer"], r["lr"], r["seed"]): r for r in data["runs"]}
+    want = {("sgd", 0.05), ("sgd", 0.1), ("adamw", 0.003), ("muon", 0.02), ("thor", 0.05)}
+    assert set(runs) == {(o, lr, s) for o, lr in want for s in (0, 1)}
+    for r in runs.values():
+        assert [h["epoch"] for h in r["history"]] == [1, 2]  # 0.999 is out of reach: the epoch budget stops it
+        assert r["stopped"] == "epoch budget"
+        assert 0 < r["history"][0]["seconds"] < r["history"][1]["seconds"]
+    # interleaved: every run's epoch 1 comes before any run's epoch 2
+    first = [h["order"] for r in runs.values() for h in r["history"] if h["epoch"] == 1]
+    second = [h["order"] for r in runs.values() for h in r["history"] if h["epoch"] == 2]
+    assert max(first) < min(second) and sorted(first + second) == list(range(20))
+    assert set(data["summary"]["targets"]["0.3"]) == {"sgd", "adamw", "muon", "thor"}
+    assert data["settings"]["threads"] == 1 and data["settings"]["cpu_flags"]
+
+
+def lane(racer, lr, seed, accs, secs):
+    history = [{"epoch": i + 1, "seconds": s, "val_top_1_accuracy": a} for i, (a, s) in enumerate(zip(accs, secs))]
+    return Lane(racer, lr, seed, None, None, None, seconds=secs[-1], history=history)
+
+
+def test_summary_medians_best_lr_and_ratios():
+    lanes = [lane("a", 0.1, 0, [0.5, 0.9], [1, 2]), lane("a", 0.1, 1, [0.5, 0.6], [1, 2]),
+             lane("a", 0.1, 2, [0.95, 0.97], [1, 2]),  # lr 0.1 at 0.9: epochs (2, inf, 1) -> median 2, 2 s
+             lane("a", 0.2, 0, [0.4, 0.5], [1, 2]), lane("a", 0.2, 1, [0.4, 0.5], [1, 2]),
+             lane("a", 0.2, 2, [0.9, 0.9], [1, 2]),  # lr 0.2: (inf, inf, 1) -> inf
+             lane("b", 0.1, 0, [0.9], [4]), lane("b", 0.1, 1, [0.9], [5]), lane("b", 0.1, 2, [0.9], [3])]
+    s = summarize(lanes, [0.9])
+    a, b = s["targets"]["0.9"]["a"], s["targets"]["0.9"]["b"]
+    assert (a["lr"], a["reached"], a["median_epochs"], a["median_seconds"]) == (0.1, 2, 2, 2)
+    assert [r["median_seconds"] for r in a["per_lr"]] == [2, math.inf]
+    assert (b["median_epochs"], b["median_seconds"]) == (1, 4)
+    assert ratio_to_best_other(s["targets"]["0.9"], "b") == 2.0
+    assert s["seconds_per_epoch"] == {"a": 1.0, "b": 4.0}

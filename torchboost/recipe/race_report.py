@@ -1,0 +1,126 @@
+"""Race results: per target the best lr of each optimizer (median seconds over seeds, a seed that never
+reached the target counting as infinity), ratios to the best other optimizer, per-epoch cost relative to
+the first optimizer, JSON and a plot of validation accuracy against training seconds."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from torchboost.recipe.race import Lane
+
+
+def cpu_flags() -> str:
+    """The SIMD features that decide CPU speed here (benchmarks print them with their results)."""
+    try:
+        flags = set(next(l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+    return " ".join(f if f in flags else f"no-{f}" for f in wanted)
+
+
+def _reach(lane: Lane, target: float) -> tuple[float, float]:
+    """(epochs, seconds) to the first evaluation at or above target; (inf, inf) if never."""
+    return next(((r["epoch"], r["seconds"]) for r in lane.history if r["val_top_1_accuracy"] >= target),
+                (math.inf, math.inf))
+
+
+def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
+    """{target: {racer: {lr, reached, seeds, median_epochs, median_seconds, per_lr: [...]}}} with each racer's
+    best lr (fewest median seconds, then epochs), plus each racer's median seconds per epoch."""
+    racers = list(dict.fromkeys(l.racer for l in lanes))
+    out: dict = {"targets": {}, "seconds_per_epoch": {}}
+    for name in racers:
+        mine = [l for l in lanes if l.racer == name]
+        out["seconds_per_epoch"][name] = statistics.median(l.seconds / len(l.history) for l in mine if l.history)
+    for t in targets:
+        rows = {}
+        for name in racers:
+            per_lr = []
+            for lr in dict.fromkeys(l.lr for l in lanes if l.racer == name):
+                hits = [_reach(l, t) for l in lanes if l.racer == name and l.lr == lr]
+                per_lr.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
+                               "median_epochs": statistics.median(e for e, _ in hits),
+                               "median_seconds": statistics.median(s for _, s in hits)})
+            best = min(per_lr, key=lambda r: (r["median_seconds"], r["median_epochs"]))
+            rows[name] = {**best, "per_lr": per_lr}
+        out["targets"][f"{t:g}"] = rows
+    return out
+
+
+def ratio_to_best_other(rows: dict, name: str) -> float:
+    """name's median seconds / the fastest other racer's (inf/nan when a side never got there)."""
+    others = [r["median_seconds"] for n, r in rows.items() if n != name]
+    if not others:
+        return math.nan
+    best_other, mine = min(others), rows[name]["median_seconds"]
+    if math.isinf(mine) and math.isinf(best_other):
+        return math.nan
+    return mine / best_other
+
+
+def headline(summary: dict, name: str) -> str:
+    """The one-line result: name's median seconds-to-target over the best other optimizer's, per target."""
+    parts = [f"{float(t):.1%} {ratio_to_best_other(rows, name):.2f}x" for t, rows in summary["targets"].items()]
+    return f"{name}/best-other seconds-to-target: " + ", ".join(parts)
+
+
+def format_report(summary: dict, threads: int) -> str:
+    """The table users read: per target and racer the best lr, seeds reached, median epochs/seconds, ratios."""
+    per_epoch = summary["seconds_per_epoch"]
+    first = next(iter(per_epoch))
+    lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}; seconds = training time, medians over seeds)",
+             f"{'target':>7} {'optimizer':<12} {'best lr':>8} {'reached':>8} {'med epochs':>11} {'med s':>8} "
+             f"{'s/best other':>13} {f's/epoch vs {first}':>18}"]
+    for t, rows in summary["targets"].items():
+        for name, r in rows.items():
+            lines.append(f"{float(t):>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
+                         f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} "
+                         f"{ratio_to_best_other(rows, name):>12.2f}x {per_epoch[name] / per_epoch[first]:>17.2f}x")
+    return "\n".join(lines)
+
+
+def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -> tuple[Path, Path]:
+    """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [{"optimizer": l.racer, "lr": l.lr, "seed": l.seed, "stopped": l.stopped, "history": l.history}
+            for l in lanes]
+    meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags()}
+    path = out / "race.json"
+    path.write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
+                               default=lambda v: None))
+    return path, plot(lanes, summary, out / "race.png")
+
+
+def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
+    """Validation top-1 vs training seconds, one line per optimizer at its best lr for the first target:
+    at each epoch the median over seeds of accuracy and of cumulative seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    first_target, rows = next(iter(summary["targets"].items()))
+    for name, row in rows.items():
+        hist = [l.history for l in lanes if l.racer == name and l.lr == row["lr"]]
+        n = max(len(h) for h in hist)
+        xs = [statistics.median(h[i]["seconds"] for h in hist if len(h) > i) for i in range(n)]
+        ys = [statistics.median(h[i]["val_top_1_accuracy"] for h in hist if len(h) > i) for i in range(n)]
+        ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
+    for t in summary["targets"]:
+        ax.axhline(float(t), color="grey", lw=0.6, ls="--")
+    ax.set(xlabel="training seconds", ylabel="validation top-1", title="race: accuracy vs training time")
+    low = min(float(t) for t in summary["targets"]) - 0.03
+    ax.set_ylim(max(0.0, low), 1.0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
