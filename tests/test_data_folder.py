@@ -144,3 +144,13 @@ def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path):
         x, label = ds[k]
         i = int(Path(ds.samples[k][0]).stem)  # files are named by their index in the built-in split
         assert torch.equal(x, data.images[i]) and label == int(data.labels[i])
+
+
+@pytest.mark.parametrize("transform,side", [
+    (train_transform(8193, IMAGENET_MEAN, IMAGENET_STD), 8193),
+    (eval_transform(1024, IMAGENET_MEAN, IMAGENET_STD, crop_pct=0.1), 10240),  # resize = 1024 / 0.1
+])
+def test_folder_refuses_transforms_with_absurd_sizes(tmp_path, transform, side):
+    with pytest.raises(DataError, match=f"resizes images to {side} px per side"):
+        ImageFolder(make_folder(tmp_path), transform)
+    assert len(ImageFolder(tmp_path, train_transform(8192, IMAGENET_MEAN, IMAGENET_STD))) == 9  # the limit

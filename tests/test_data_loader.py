@@ -195,3 +195,18 @@ def test_random_shift_translates_each_training_image_reproducibly():
         moved += (dy, dx) != (0, 0)
     assert moved > 30
     assert torch.equal(train.__getitems__(idx)[0], x)  # same (seed, epoch, index): same shift (exact resume)
+
+
+def test_synthetic_pool_over_a_quarter_of_memory_is_refused_before_allocating(monkeypatch):
+    from torchboost.data import synthetic
+
+    # 10 images of 1×8×8 (640 bytes) + 10 int64 labels (80 bytes) = 720 bytes: fits in a quarter of 2880.
+    monkeypatch.setattr(synthetic, "physical_memory", lambda: 2880)
+    assert len(SyntheticImages(10, 3, 1, 8)) == 10
+    monkeypatch.setattr(synthetic, "physical_memory", lambda: 2876)
+    with pytest.raises(DataError, match="over 25% of this machine's memory") as e:
+        SyntheticImages(10, 3, 1, 8)
+    assert "\n" not in str(e.value)
+    monkeypatch.undo()  # the real machine: a 64 × 3 × 100,000² pool (1.9 TB) fails at once, allocating nothing
+    with pytest.raises(DataError, match="need 1788.1 GiB"):
+        SyntheticImages(1_281_167, 1000, 3, 100_000)
