@@ -110,16 +110,19 @@ class ModelCheckpoint(Callback):
         if not is_main_process():
             return
         path = self.directory / checkpoint_name(self.prefix, state.epoch + 1, state.step_in_epoch)
-        # listed before writing, so the checkpoint's own list includes it (a resume then owns it too)
-        before, self.written = self.written, [p for p in self.written if p != path] + [path]
+        # The list is settled before writing, so the checkpoint holds exactly the files that remain once
+        # it is written (a resumed run then owns them); the pruned files go only after a successful write.
+        listed = [p for p in self.written if p != path] + [path]
+        keep = self.config.keep_checkpoint_max
+        doomed = listed[:-keep] if keep > 0 else []
+        before, self.written = self.written, listed[len(doomed):]
         try:
             self.last_path = self._save(state, path, state.epoch_complete)
         except BaseException:
             self.written = before
             raise
-        keep = self.config.keep_checkpoint_max
-        while keep > 0 and len(self.written) > keep:
-            self.written.pop(0).unlink(missing_ok=True)
+        for p in doomed:
+            p.unlink(missing_ok=True)
 
     def on_train_step_end(self, state: TrainState) -> None:
         every = self.config.save_checkpoint_steps

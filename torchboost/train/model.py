@@ -190,9 +190,9 @@ class Model:
                 state.log(_format_eval(epoch, state.eval_results))
             for cb in callbacks:
                 cb.on_train_epoch_end(state)
-            state.step_in_epoch, skip_batches = 0, 0
             if state.stop_training:
-                break
+                break  # the returned state says where training stopped
+            state.step_in_epoch, skip_batches = 0, 0
         for cb in callbacks:
             cb.on_train_end(state)
         return state

@@ -1,0 +1,107 @@
+"""Resume mid-epoch: the resumed run's history and weights equal the uninterrupted run's; checkpoint
+pruning only ever deletes the run's own files (the resumed run's included)."""
+
+import json
+import re
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from torchboost.data import build_loader
+from torchboost.train.callbacks import CheckpointConfig, History, ModelCheckpoint, TimeMonitor
+from torchboost.train.profiling import DataStarvationMonitor
+from train_tiny import Capture, Scripted, StopAt, tiny_data, tiny_model
+
+EPOCHS, BATCH = 3, 8  # 48 images: 6 updates per epoch
+
+
+def loaders():
+    train = build_loader(TensorDataset(*tiny_data(48, seed=1)), BATCH, True, seed=3)
+    test = build_loader(TensorDataset(*tiny_data(20, seed=2)), 10, False)
+    return train, test
+
+
+def callbacks(out, *extra, keep=10):
+    # Scripted times first: the starvation monitor's sums then are exact and comparable across runs.
+    return [Capture(), Scripted(), DataStarvationMonitor(), TimeMonitor(), *extra,
+            ModelCheckpoint("tiny", out / "ckpt", CheckpointConfig(keep_checkpoint_max=keep)), History(out)]
+
+
+def rows(out):
+    """History rows without the wall-clock entry (the only one that may differ)."""
+    return [{k: v for k, v in json.loads(line).items() if k != "train_time_s"}
+            for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+def fresh_model(seed):
+    return tiny_model(seed=seed, dropout=0.3, per_batch_accuracy=True)  # dropout: the RNG state matters too
+
+
+def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path, one_thread):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train, test = loaders()
+    torch.manual_seed(7)
+    straight = fresh_model(0)
+    straight.train(EPOCHS, train, callbacks(a), eval_data=test)
+
+    torch.manual_seed(7)
+    first = fresh_model(0)
+    state = first.train(EPOCHS, train, callbacks(b, StopAt(9)), eval_data=test)  # epoch 2, update 3 of 6
+    assert (state.epoch, state.step_in_epoch) == (1, 3)
+    stopped = b / "ckpt" / "tiny-2_3.pt"
+    assert stopped.is_file()
+
+    resumed = fresh_model(123)  # other initial weights: everything must come from the checkpoint
+    ckpt = resumed.load_checkpoint(stopped)
+    assert not ckpt["epoch_complete"] and ckpt["epoch_sums"]["samples"] == 3 * BATCH
+    cbs = callbacks(b)
+    resumed.train(EPOCHS, *loaders()[:1], cbs, eval_data=test)
+
+    assert rows(b) == rows(a)  # the resumed epoch's train loss/accuracy and data-wait figures included
+    assert len(rows(a)) == EPOCHS and "train_top_1_accuracy" in rows(a)[1]
+    for (k, va), vb in zip(straight.network.state_dict().items(), resumed.network.state_dict().values()):
+        assert torch.equal(va, vb), k
+    # TimeMonitor counts the whole resumed epoch (6 updates of 8 images), whatever the clock says:
+    # (ms per update) x (images/s) = 1000 x images per update
+    lines = [line for line in cbs[0].lines if line.startswith("epoch time:")]
+    assert len(lines) == 2  # epochs 2 (resumed) and 3
+    for line in lines:
+        ms, ips = re.fullmatch(r"epoch time: [\d.]+ ms, per step time: ([\d.]+) ms, ([\d.]+) images/s", line).groups()
+        assert float(ms) * float(ips) == pytest.approx(1000 * BATCH, rel=1e-2)
+
+
+def test_pruning_keeps_foreign_files_and_takes_over_the_resumed_runs_list(tmp_path, one_thread):
+    out = tmp_path / "run"
+    (out / "ckpt").mkdir(parents=True)
+    foreign = {"tiny-1_99.pt": b"same prefix, not ours", "other-1_1.pt": b"another prefix",
+               "tiny-1_1.ckpt": b"\x0amindspore"}
+    for name, data in foreign.items():
+        (out / "ckpt" / name).write_bytes(data)
+    train, test = loaders()
+    fresh_model(0).train(4, train, callbacks(out, StopAt(15), keep=2), eval_data=test)  # stops at 3_3
+    names = sorted(p.name for p in (out / "ckpt").iterdir())
+    assert names == sorted([*foreign, "tiny-2_6.pt", "tiny-3_3.pt"])
+
+    resumed = fresh_model(0)
+    assert resumed.load_checkpoint(out / "ckpt" / "tiny-3_3.pt")["callbacks"]["ModelCheckpoint"]["files"] == [
+        "tiny-2_6.pt", "tiny-3_3.pt"]
+    resumed.train(4, train, callbacks(out, keep=2), eval_data=test)
+    names = sorted(p.name for p in (out / "ckpt").iterdir())
+    assert names == sorted([*foreign, "tiny-3_6.pt", "tiny-4_6.pt"])  # 2_6 and 3_3 were the resumed run's
+    for name, data in foreign.items():
+        assert (out / "ckpt" / name).read_bytes() == data
+
+
+def test_old_torch_checkpoint_with_ckpt_extension_still_loads_and_mindspore_files_are_named(tmp_path):
+    model = tiny_model()
+    old = tmp_path / "tiny-1_6.ckpt"  # written by torchboost before checkpoints became .pt
+    torch.save({"model": model.network.state_dict()}, old)
+    assert set(tiny_model(seed=5).load_checkpoint(old, weights_only_model=True)["model"]) == set(
+        model.network.state_dict())
+    ms = tmp_path / "resnet.ckpt"
+    ms.write_bytes(b"\x0a\x05conv1\x12\x00")  # a protobuf: field 1, length-delimited
+    from torchboost.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="not a torch checkpoint.*torchboost convert"):
+        tiny_model().load_checkpoint(ms)
