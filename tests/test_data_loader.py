@@ -42,12 +42,13 @@ def test_train_shards_are_equal_disjoint_and_reshuffled(world):
     assert orders[0] != orders[1]
 
 
-def test_plain_loops_reshuffle_every_epoch_and_set_epoch_wins():
+@pytest.mark.parametrize("workers", [0, 2])  # DataLoader builds one sampler iterator per epoch either way
+def test_plain_loops_reshuffle_every_epoch_and_set_epoch_wins(workers):
     n = 100  # label i on sample i: a batch's labels are the indices it was drawn from
     ds = TensorImageDataset(torch.zeros(n, 1, 2, 2, dtype=torch.uint8), torch.arange(n), [str(i) for i in range(n)],
                             (0.5,), (0.5,))
     perm = [torch.randperm(n, generator=torch.Generator().manual_seed(9 + e)).tolist() for e in range(3)]
-    loader = build_loader(ds, 16, train=True, seed=9)
+    loader = build_loader(ds, 16, train=True, seed=9, workers=workers)
 
     def order():
         return torch.cat([y for _, y in loader]).tolist()
