@@ -50,6 +50,7 @@ class MappingReport:
     skipped: list[str] = field(default_factory=list)  # optimizer/training state and dropped counters
     filled: list[str] = field(default_factory=list)  # num_batches_tracked set to 0
     notes: list[str] = field(default_factory=list)
+    model: dict | None = None  # create_model keywords (name first) that rebuild the source network
 
     @property
     def ok(self) -> bool:
@@ -75,7 +76,23 @@ class MappingReport:
             if items:
                 lines.append(f"{label} ({len(items)}): {few(items)}")
         lines += [f"note: {n}" for n in self.notes]
+        if self.model:
+            lines += rebuild_lines(self.model)
         return "\n".join(lines)
+
+
+# create_model keyword -> recipe key (mnist_cnn takes its image size from the data section)
+RECIPE_KEYS = {"name": "model.name", "num_classes": "model.num_classes", "in_chans": "model.in_chans",
+               "init": "model.init", "padding": "model.padding", "image_size": "data.image_size"}
+
+
+def rebuild_lines(model: dict) -> list[str]:
+    """The create_model call and recipe overrides of the torch network that computes what the other
+    framework's network computes (for either direction of a conversion)."""
+    kw = {k: v for k, v in model.items() if k != "name"}
+    call = ", ".join([repr(model["name"]), *(f"{k}={v!r}" for k, v in kw.items())])
+    sets = " ".join(f"--set {RECIPE_KEYS[k]}={v}" for k, v in model.items())
+    return [f"torch model: create_model({call})", f"recipe keys: {sets}"]
 
 
 @functools.lru_cache(maxsize=16)
@@ -123,15 +140,21 @@ def detect_arch(names: Iterable[str]) -> str:
                       f"pass the architecture explicitly: one of {', '.join(ARCHS)}")
 
 
-def mindspore_notes(arch: str) -> list[str]:
-    """Differences between the zoo network and ours that renaming cannot fix: reported, never hidden."""
+def zoo_model(arch: str, num_classes: int) -> dict:
+    """create_model keywords of the zoo network: its BN eps (init="mindspore") and, for ResNet-50/101/152,
+    pad_mode='same' (ResNet-18/34 use res_base's explicit symmetric padding, torch's)."""
+    kw = {"name": arch, "num_classes": num_classes, "init": "mindspore"}
     if ARCHS[arch][0] is Bottleneck:
-        return ["MindSpore zoo BatchNorm uses eps=1e-4 (torch default 1e-5): build with init='mindspore' "
-                "or set each BN's eps to 1e-4 to reproduce its outputs; its momentum 0.9 is torch's 0.1 (same)",
-                "MindSpore zoo convs and max-pool use pad_mode='same': stride-2 layers (7x7 stem, max-pool, "
-                "the 3x3 conv2 opening layer2-4) pad the extra pixel only bottom/right, torch pads "
-                "symmetrically, so activations shift by one pixel and outputs differ slightly even with "
-                "identical weights",
+        kw["padding"] = "same"
+    return kw
+
+
+def mindspore_notes(arch: str) -> list[str]:
+    """Differences between the zoo network and a default torchboost one that renaming cannot fix."""
+    if ARCHS[arch][0] is Bottleneck:
+        return ["the zoo network uses BatchNorm eps 1e-4 and pad_mode='same' (its stride-2 layers pad the extra "
+                "pixel bottom/right only): build the torch model with init='mindspore', padding='same' (below) "
+                "or the outputs differ (~6e-2 relative on ResNet-50)",
                 "zoo recipes use 1001 classes with class 0 = background; pass drop_background to get 1000"]
     return ["MindSpore zoo ResNet-18/34 BatchNorm: eps 1e-4 in the blocks but 1e-5 in the stem and "
             "downsample BNs (torch: 1e-5 everywhere; init='mindspore' reproduces it); the stem/downsample "
@@ -158,7 +181,7 @@ def mindspore_to_torch(state: dict[str, torch.Tensor], arch: str | None = None, 
     for ms in list(lookup):  # the "bn1"/"bn2" spelling some ports use for the basic block's bn1d/bn2d
         if re.search(r"\.bn[12]d\.", ms):
             lookup[re.sub(r"\.bn([12])d\.", r".bn\1.", ms)] = lookup[ms]
-    report, got = MappingReport(arch=arch, notes=mindspore_notes(arch)), {}
+    report, got = MappingReport(arch=arch, notes=mindspore_notes(arch), model=zoo_model(arch, num_classes)), {}
     for key, t in state.items():
         moment = key.startswith("moments.")
         base = key.removeprefix("moments.")
@@ -220,13 +243,14 @@ def torch_to_mindspore(state: dict[str, torch.Tensor], arch: str | None = None, 
     """
     arch = arch or detect_arch(state)
     num_classes = num_classes or _classes(state, "fc.weight")  # the torch side's, as in mindspore_to_torch
+    report = MappingReport(arch=arch, notes=mindspore_notes(arch), model=zoo_model(arch, num_classes))
     if add_background:
         if "fc.weight" not in state:
             raise CheckpointError("add_background needs an fc.weight to extend", "convert a classifier state dict")
         state, num_classes = add_background_row(state), num_classes + 1
     rows = layout(arch, num_classes)
     lookup = {tn: (ms, shape) for tn, ms, shape in rows}
-    report, got = MappingReport(arch=arch, notes=mindspore_notes(arch)), {}
+    got = {}
     for key, t in state.items():
         moment = key.startswith("moments.")
         base = key.removeprefix("moments.")

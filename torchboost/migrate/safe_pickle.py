@@ -6,7 +6,8 @@ imported, only looked up in ALLOWED, which maps the names numpy writes (numpy 1.
 global is refused by name before anything is built. The C unpickler also allocates a BINBYTES8 length
 before checking it against the input; here every length is checked against the bytes that remain before
 anything is sliced, payloads are views of the file, and the bytes copied into tensors (or decoded from
-protocol-2 latin-1 strings) are counted against the file's size, so a small file cannot allocate much.
+protocol-2 latin-1 strings) are counted against twice the file's size (a protocol-2 array is decoded once
+from its text, then copied into its tensor), so memo references cannot multiply a small file.
 
 Accepted: protocols 2-4 (and the protocol 0/1 opcodes numpy state uses), dict/list/tuple/OrderedDict,
 str/bytes/int/float/bool/None, numpy arrays and scalars of numeric dtypes.
@@ -108,7 +109,7 @@ class _Array:
 
 
 class _Budget:
-    """Bytes that may still be materialised: the file's own size."""
+    """Bytes that may still be materialised (copied into tensors or decoded from latin-1 text)."""
 
     def __init__(self, size: int) -> None:
         self.left = size
@@ -155,7 +156,7 @@ class _Machine:
         self.stack: list[Any] = []
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
-        self.allowed = _globals(_Budget(len(self.buf)))
+        self.allowed = _globals(_Budget(2 * len(self.buf)))
 
     # --- reading, bounded by the bytes that remain ---
     def take(self, n: int) -> memoryview:
