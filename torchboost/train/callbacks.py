@@ -9,7 +9,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 import torch
 
@@ -234,10 +234,12 @@ class TensorBoard(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar per epoch; off when stdout is not a terminal (logs stay clean in CI and files)."""
+    """A tqdm bar per epoch on `file` (default stderr); by default off when that is not a terminal (logs
+    stay clean in CI and files)."""
 
-    def __init__(self, enabled: Optional[bool] = None) -> None:
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+    def __init__(self, enabled: Optional[bool] = None, file: Optional[TextIO] = None) -> None:
+        self.file = file if file is not None else sys.stderr
+        self.enabled = self.file.isatty() if enabled is None else enabled
         self.bar = None
 
     def on_train_begin(self, state: TrainState) -> None:
@@ -247,7 +249,7 @@ class ProgressBar(Callback):
             log = state.log_fn
 
             def write(msg: str) -> None:  # keep log lines from tearing the bar
-                with tqdm.external_write_mode():
+                with tqdm.external_write_mode(file=self.file):
                     log(msg)
 
             state.log_fn = write
@@ -257,7 +259,8 @@ class ProgressBar(Callback):
             from tqdm import tqdm
 
             self.bar = tqdm(total=state.steps_per_epoch, initial=state.step_in_epoch,
-                            desc=f"epoch {state.epoch + 1}/{state.epochs}", leave=False, dynamic_ncols=True)
+                            desc=f"epoch {state.epoch + 1}/{state.epochs}", leave=False, dynamic_ncols=True,
+                            file=self.file)
 
     def on_train_step_end(self, state: TrainState) -> None:
         if self.bar is not None:
