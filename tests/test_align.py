@@ -234,7 +234,8 @@ def test_align_from_config_and_reference_callable(tmp_path):
 def test_diff_config_recipes_match_their_yaml(tmp_path):
     import yaml
 
-    from torchboost.recipe.config import RECIPES_DIR, Config, dump_config, load_config
+    from torchboost.recipe.config import RECIPES_DIR, Config, dump_config
+    from torchboost.recipe.load import load_config
     from torchboost.recipe.diff import diff_configs, flatten
 
     diff = diff_configs("digits-lenet", "mnist-lenet")
@@ -244,16 +245,16 @@ def test_diff_config_recipes_match_their_yaml(tmp_path):
     ya, yb = (flatten(yaml.safe_load((RECIPES_DIR / f"{n}.yaml").read_text())) for n in ("digits-lenet", "mnist-lenet"))
     expected = {k for k in defaults if ya.get(k, defaults[k]) != yb.get(k, defaults[k])}
     assert {k for k, _, _ in diff.differences} == expected and "data.dataset" in expected
-    assert dict((k, (a, b)) for k, a, b in diff.rows)["data.image_size"] == (8, 28)
+    assert dict((k, (a, b)) for k, a, b in diff.rows)["data.batch_size"] == (32, 64)
     table = diff.table()
-    assert "data.image_size" in table and "optim.lr" not in table  # same lr: only differences by default
+    assert "data.batch_size" in table and "optim.lr" not in table  # same lr: only differences by default
     assert "optim.lr" in diff.table(all_keys=True)
     # a checkpoint's saved config and a run folder's config.yaml resolve like recipes
-    ckpt = tmp_path / "run-3_10.ckpt"
+    ckpt = tmp_path / "run-3_10.pt"
     torch.save({"config": load_config("digits-lenet", ["train.epochs=7"]).to_dict(), "model": {}}, ckpt)
     assert [(k, a, b) for k, a, b in diff_configs("digits-lenet", str(ckpt)).differences] == [("train.epochs", 20, 7)]
     run = tmp_path / "run"
     run.mkdir()
-    dump_config(load_config("digits-lenet", ["optim.lr=0.1"]), run / "config.yaml")
+    (run / "config.yaml").write_text(dump_config(load_config("digits-lenet", ["optim.lr=0.1"])))
     assert [k for k, _, _ in diff_configs(str(run), "digits-lenet").differences] == ["optim.lr"]
     assert json.loads(json.dumps(diff_configs("digits-lenet", "digits-lenet").to_dict()))["n_differences"] == 0

@@ -147,7 +147,7 @@ def test_dim_reduce_plan_gives_dim_reduce_optimizer(tmp_path):
 
 
 def test_gradient_split_groups_set_the_ddp_fusion_config():
-    from torchboost.recipe.config import load_config
+    from torchboost.recipe.load import load_config
     from torchboost.recipe.run import fusion_config
 
     plan = resolve_boost("O1", {"common": {"gradient_split_groups": [3, 9]}})

@@ -12,15 +12,35 @@ from .errors import TorchboostError
 DEFAULT_RECIPE = "mnist-lenet"
 
 
+def train_overrides(args: argparse.Namespace) -> list[str]:
+    """`--set` items plus the shortcuts (--epochs, --lr, --batch-size, --data), shortcuts last so they win."""
+    overrides = list(args.set or [])
+    for flag, key in (("epochs", "train.epochs"), ("lr", "optim.lr"), ("batch_size", "data.batch_size")):
+        if getattr(args, flag) is not None:
+            overrides.append(f"{key}={getattr(args, flag)}")
+    return overrides
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .recipe.config import load_config
+    from .recipe.config import dump_config
+    from .recipe.load import load_config
     from .recipe.run import train_from_config
 
-    overrides = list(args.set or [])
+    overrides = train_overrides(args)
     if args.data:
+        base = load_config(args.config, overrides)
+        if base.data.dataset in ("mnist5k", "digits", "synthetic"):
+            # A built-in data set reads no path: --data means "train on my image folder instead".
+            print(f"note: --data {args.data}: training on that image folder (data.dataset=folder) instead of the "
+                  f"recipe's built-in {base.data.dataset}", file=sys.stderr)
+            overrides.append("data.dataset=folder")
         overrides.append(f"data.path={args.data}")
     cfg = load_config(args.config, overrides)
-    result = train_from_config(cfg, resume=args.resume, output=args.output, profile=args.profile)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    result = train_from_config(cfg, resume=args.resume, output=args.output, profile=args.profile,
+                               overwrite=args.overwrite)
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
         print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
@@ -28,17 +48,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from .recipe.run import evaluate_checkpoint
+    from .recipe.infer import evaluate_checkpoint
 
-    res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema)
+    res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
+                              overrides=args.set or [])
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
     return 0
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from .recipe.run import predict_images
+    from .recipe.infer import predict_images
 
-    for path, preds in zip(args.images, predict_images(args.checkpoint, args.images, args.topk)):
+    for path, preds in predict_images(args.checkpoint, args.images, args.topk, config=args.config,
+                                      overrides=args.set or []):
         print(f"{path}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
     return 0
 
@@ -57,8 +79,13 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_folder(args: argparse.Namespace) -> int:
-    from .data.export import export_folder
+    from pathlib import Path
 
+    from .data.export import export_folder
+    from .errors import OutputError
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise OutputError(f"--out {args.out} is a file, not a folder", "choose a folder path")
     out = export_folder(args.dataset, args.out)
     print(f"wrote {args.dataset} as an image folder under {out}")
     return 0
@@ -148,32 +175,60 @@ def _cmd_race(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes get the same one-line `error: ...` as every other error (exit 2), not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} — see `{self.prog} --help`\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
+    from . import __version__
+
+    p = OneLineParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--version", action="version", version=f"torchboost {__version__}")
     sub = p.add_subparsers(dest="command")
 
     t = sub.add_parser("train", help="train from a recipe (default: mnist-lenet on built-in MNIST)")
     t.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="recipe name or YAML path")
     t.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    t.add_argument("--data", help="data folder/file (sets data.path)")
+    t.add_argument("--data", help="data folder/file (sets data.path; with a built-in data set, trains on the "
+                                   "image folder instead)")
+    t.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
+    t.add_argument("--lr", type=float, help="shortcut for --set optim.lr=X")
+    t.add_argument("--batch-size", "-b", type=int, help="shortcut for --set data.batch_size=N (per process)")
     t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
     t.add_argument("--resume", help="checkpoint to continue from")
+    t.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in the output folder")
+    t.add_argument("--print-config", action="store_true", help="print the validated config as YAML and exit")
     t.add_argument("--profile", nargs="?", const="", default=None, metavar="DIR",
                    help="record a few steps with torch.profiler (TensorBoard trace; default OUTPUT/profile)")
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (top-1/top-5/loss)")
-    e.add_argument("--checkpoint", required=True)
-    e.add_argument("--data", help="data folder (default: the run's own data)")
+    e.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights (.pt/.safetensors) "
+                                                       "with --config")
+    e.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
+    e.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    e.add_argument("--data", help="image folder to evaluate on (default: the run's own data)")
     e.add_argument("--split", default="test", help="split to evaluate (test/val)")
     e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     e.set_defaults(func=_cmd_eval)
 
-    pr = sub.add_parser("predict", help="top-k classes of image files")
+    pr = sub.add_parser("predict", help="top-k classes of image files (or every image in folders)")
     pr.add_argument("--checkpoint", required=True)
-    pr.add_argument("--topk", type=int, default=5)
-    pr.add_argument("images", nargs="+")
+    pr.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
+    pr.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    pr.add_argument("--topk", type=positive_int, default=5)
+    pr.add_argument("images", nargs="+", help="image files or folders")
     pr.set_defaults(func=_cmd_predict)
 
     r = sub.add_parser("recipes", help="list shipped recipes or show one")
@@ -186,10 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True)
     x.set_defaults(func=_cmd_export_folder)
 
-    c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, torch .pt/.pth and .safetensors")
+    c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
+                       ".pt/.pth and .safetensors; prints the create_model call of the matching torch network")
     c.add_argument("input")
     c.add_argument("output")
-    c.add_argument("--arch", help="resnet18/34/50/101/152 (enables name mapping)")
+    c.add_argument("--arch", help="resnet18/34/50/101/152, or mnist_cnn for the PaddlePaddle tutorial CNN "
+                   "(default: detected from the names; none: keep names)")
     c.add_argument("--num-classes", type=int)
     c.add_argument("--drop-background", action="store_true", help="1001 -> 1000 classes (drop MindSpore's class 0)")
     c.add_argument("--add-background", action="store_true",

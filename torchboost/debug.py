@@ -164,14 +164,14 @@ def layer_stats_from_config(config: str, overrides: Sequence[str] = (), *, check
     one batch of its data ("data": first test images; "random": seeded noise of the recipe's shape)."""
     from .recipe.align import config_batch
     from .recipe.build import build_loss, build_model
-    from .recipe.config import load_config
+    from .recipe.load import load_resolved
     from .seed import seed_everything
     from .train.checkpoint import load_checkpoint, load_model_state
 
-    cfg = load_config(config, list(overrides))
+    cfg, _, eval_ds = load_resolved(config, overrides)
     seed_everything(cfg.train.seed)
     net = build_model(cfg)
     if checkpoint:
         load_model_state(net, load_checkpoint(checkpoint)["model"], source=checkpoint)
-    batch = config_batch(cfg, batch_size, batch_source, cfg.train.seed)
+    batch = config_batch(cfg, eval_ds, batch_size, batch_source, cfg.train.seed)
     return layer_stats(net, batch, build_loss(cfg), train_mode=train_mode)

@@ -30,7 +30,15 @@ from torch import nn
 
 from torchboost.errors import ConfigError
 
-BLOCK_LAYOUTS = {"BasicBlock": ("bn1", "bn2"), "Bottleneck": ("bn1", "bn2", "bn3")}
+BASIC, BOTTLENECK = ("bn1", "bn2"), ("bn1", "bn2", "bn3")
+
+
+def block_layout(module: nn.Module) -> tuple[str, ...] | None:
+    """The BN names of a residual block of the torchvision layout (a `downsample` attribute and conv1/bn1,
+    conv2/bn2[, conv3/bn3]), found by structure so torchvision's and torchboost's blocks both qualify."""
+    if not hasattr(module, "downsample") or not hasattr(module, "conv1"):
+        return None
+    return BOTTLENECK if hasattr(module, "conv3") else BASIC
 
 
 class FNHead(nn.Module):
@@ -54,7 +62,7 @@ def removable_batchnorms(model: nn.Module) -> list[str]:
     """Qualified names of the BatchNorms the rule removes (all branch BNs but the last of each block)."""
     names = []
     for block_name, block in _residual_blocks(model):
-        for bn in BLOCK_LAYOUTS[type(block).__name__][:-1]:
+        for bn in block_layout(block)[:-1]:
             names.append(f"{block_name}.{bn}")
     return names
 
@@ -75,7 +83,7 @@ def apply_less_bn(model: nn.Module, fn_flag: bool | str = "auto") -> nn.Module:
             "use a torchboost ResNet, or turn less_bn off",
         )
     for block_name, block in blocks:
-        for bn in BLOCK_LAYOUTS[type(block).__name__][:-1]:
+        for bn in block_layout(block)[:-1]:
             setattr(block, bn, nn.Identity())
     if fn_flag is True or (fn_flag == "auto" and blocks):
         name, linear = _last_linear(model)
@@ -88,7 +96,7 @@ def _residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Blocks of the torchvision layout; a block-named module with another layout is refused, not skipped."""
     found = []
     for name, module in model.named_modules():
-        layout = BLOCK_LAYOUTS.get(type(module).__name__)
+        layout = block_layout(module)
         if layout is None:
             continue
         if any(isinstance(getattr(module, b, None), nn.Identity) for b in layout[:-1]):

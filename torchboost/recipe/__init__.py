@@ -1,12 +1,17 @@
 """The application layer: a recipe (YAML + --set overrides) -> validated config -> objects -> a run.
 
-`config` holds the dataclasses, recipe files and the one validation pass; `build` turns a config into
-objects; `run` trains/evaluates/predicts from a config; `diff` compares configs; `align` builds the
-`torchboost align` comparison from recipes. Library packages never import this one.
+`config` holds the dataclasses and recipe files, `schema` the per-field rules, `validate` the one
+validation pass, `load` reads recipes, `data` and `resolve` fill in what is inferred from the data,
+`build` and `callbacks` turn a config into objects, `run` trains, `infer` evaluates and predicts,
+`outputs` owns the output folder, `diff` compares configs and `align` builds `torchboost align`.
+Library packages never import this one.
 """
 
-from torchboost.recipe.config import Config, list_recipes, load_config
-from torchboost.recipe.run import RunResult, evaluate_checkpoint, predict_images, train_from_config
+from torchboost.recipe.config import Config, list_recipes
+from torchboost.recipe.infer import evaluate_checkpoint, predict_images
+from torchboost.recipe.load import load_config, load_resolved
+from torchboost.recipe.run import RunResult, train_from_config
+from torchboost.recipe.validate import validate
 
-__all__ = ["Config", "load_config", "list_recipes", "train_from_config", "evaluate_checkpoint", "predict_images",
-           "RunResult"]
+__all__ = ["Config", "load_config", "load_resolved", "validate", "list_recipes", "train_from_config",
+           "evaluate_checkpoint", "predict_images", "RunResult"]

@@ -7,28 +7,29 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 from torchboost.errors import ConfigError
 from torchboost.migrate.align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
 from torchboost.migrate.align_report import AlignReport
-from torchboost.recipe.config import Config, load_config
+from torchboost.recipe.build import build_loss, build_model, build_optimizer, effective_lr
+from torchboost.recipe.config import Config
+from torchboost.recipe.load import load_resolved
 from torchboost.seed import seed_everything
 
 
-def config_batch(cfg: Config, batch_size: int, source: str = "random", seed: int = 0) -> Batch:
+def config_batch(cfg: Config, eval_ds: Dataset, batch_size: int, source: str = "random", seed: int = 0) -> Batch:
     """The batch both sides see. "random": seeded N(0,1) images of the recipe's shape (no data needed;
     alignment checks the implementation, not the data). "data": the first images of the recipe's test
-    split (deterministic evaluation preprocessing, unlike the random training augmentation)."""
+    split `eval_ds` (deterministic evaluation preprocessing, unlike the random training augmentation).
+    `cfg` is a resolved config (`recipe.load.load_resolved`)."""
     if source == "random":
         g = torch.Generator().manual_seed(seed)
         size = cfg.data.image_size
         x = torch.randn(batch_size, cfg.model.in_chans, size, size, generator=g)
         return x, torch.randint(0, cfg.model.num_classes, (batch_size,), generator=g)
     if source == "data":
-        from torchboost.data import build_dataset
-
-        ds = build_dataset(cfg.data, "test")
-        xs, ys = zip(*(ds[i] for i in range(min(batch_size, len(ds)))))
+        xs, ys = zip(*(eval_ds[i] for i in range(min(batch_size, len(eval_ds)))))
         return torch.stack(xs), torch.as_tensor(ys, dtype=torch.long)
     raise ConfigError(f"unknown batch source '{source}'", "use random or data")
 
@@ -44,8 +45,6 @@ def _name_map(spec: Optional[str], cfg: Config) -> Optional[NameMap]:
 
 
 def _build(cfg: Config) -> nn.Module:
-    from torchboost.recipe.build import build_model
-
     seed_everything(cfg.train.seed)
     return build_model(cfg)
 
@@ -58,20 +57,18 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
     """What `torchboost align` runs. Exactly one of reference / reference_config / reference_dump, or
     dump_ours alone (write our step as a dump directory for another framework; returns its path).
     Loss and optimizer come from `config` and are used on both sides."""
-    from torchboost.recipe.build import build_loss, build_optimizer, effective_lr
-
     chosen = [s for s in (reference, reference_config, reference_dump, dump_ours) if s]
     if len(chosen) != 1:
         raise ConfigError("align needs exactly one of --reference, --reference-config, --reference-dump, "
                           "--dump-ours", "pick the reference implementation to compare with")
-    cfg = load_config(config, list(overrides))
+    cfg, _, eval_ds = load_resolved(config, overrides)
     model, nm = _build(cfg), _name_map(name_map, cfg)
-    batch = config_batch(cfg, batch_size, batch_source, cfg.train.seed)
+    batch = config_batch(cfg, eval_ds, batch_size, batch_source, cfg.train.seed)
     kw = dict(loss_fn=build_loss(cfg), optimizer=lambda m: build_optimizer(cfg, m, effective_lr(cfg, 1)),
               name_map=nm, seed=cfg.train.seed)
     if dump_ours:
         return dump_step(model, batch, dump_ours, **kw)
     if reference_dump:
         return align_dump(model, reference_dump, single_step=single_step, **kw)
-    ref = load_reference(reference) if reference else _build(load_config(reference_config, list(reference_overrides)))
+    ref = load_reference(reference) if reference else _build(load_resolved(reference_config, reference_overrides)[0])
     return align_modules(model, ref, batch, single_step=single_step, **kw)

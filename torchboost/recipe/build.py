@@ -1,4 +1,8 @@
-"""Config -> objects: model, loss, optimizer, lr schedule, loss scaling, EMA. No training logic here."""
+"""Config -> objects: model, loss, optimizer, lr schedule, loss scaling, EMA. No training logic here.
+
+Each builder reads a resolved, validated Config (see `recipe.run.resolve`: inferred keys filled in) and
+never changes it.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model
-from torchboost.optim import THOR, build_lr_schedule, get_thor_damping, get_thor_lr, param_groups
+from torchboost.optim import (THOR, build_lr_schedule, get_thor_damping, get_thor_lr, muon_optimizer,
+                              param_groups)
 from torchboost.recipe.config import Config
 from torchboost.train.ema import ModelEMA
 from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
@@ -17,11 +21,11 @@ from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleM
 
 def build_model(cfg: Config) -> nn.Module:
     m = cfg.model
-    kw = {}
+    kw: dict = {} if m.init is None else {"init": m.init}
     if m.name.startswith("resnet"):
-        kw = {"zero_init_last_bn": m.zero_init_last_bn, "init": m.init, "small_input": m.small_input}
+        kw.update(zero_init_last_bn=m.zero_init_last_bn, small_input=m.small_input, padding=m.padding)
     elif m.name == "mnist_cnn":
-        kw = {"image_size": cfg.data.image_size}
+        kw["image_size"] = cfg.data.image_size
     return create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
 
 
@@ -34,37 +38,31 @@ def effective_lr(cfg: Config, world_size: int) -> float:
     """`optim.lr`, scaled linearly when it is given per `optim.lr_reference_batch` images (0.256 per 256)."""
     if cfg.optim.lr_reference_batch is None:
         return cfg.optim.lr
-    global_batch = cfg.data.batch_size * world_size * cfg.train.accumulation_steps
-    return cfg.optim.lr * global_batch / cfg.optim.lr_reference_batch
+    return cfg.optim.lr * global_batch(cfg, world_size) / cfg.optim.lr_reference_batch
+
+
+def global_batch(cfg: Config, world_size: int) -> int:
+    """Images per optimizer update across all processes."""
+    return cfg.data.batch_size * world_size * cfg.train.accumulation_steps
 
 
 def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
     o = cfg.optim
-    for pattern, wd in o.weight_decay_groups.items():
-        if isinstance(wd, bool) or not isinstance(wd, (int, float)):
-            raise ConfigError(f"optim.weight_decay_groups['{pattern}'] must be a number, got {wd!r}",
-                              "write e.g. {'layer4.*': 1e-4}")
     if o.name in ("sgd", "adamw"):
         groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.weight_decay_groups)
         # fused kernels: 2.0-2.3x faster than foreach for ResNet-50's update on this CPU (BENCHMARKS.md)
         if o.name == "adamw":
             return torch.optim.AdamW(groups, lr=lr, fused=True)
         return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, fused=True)
-    if o.name == "thor":
-        if o.weight_decay_groups:
-            raise ConfigError("optim.weight_decay_groups is not supported with THOR",
-                              "THOR takes one weight_decay; remove optim.weight_decay_groups")
-        kw = dict(o.thor)
-        damping = kw.pop("damping", 0.03)
-        decay = kw.pop("damping_decay", None)
-        if decay is not None:  # MindSpore's damping generator: damping * decay^(epoch/10), per update
-            damping = get_thor_damping(0, damping, decay, cfg.train.epochs, steps_per_epoch)
-        try:
-            return THOR(model, lr=lr, damping=damping, momentum=o.momentum, weight_decay=o.weight_decay,
-                        accumulation_steps=cfg.train.accumulation_steps, **kw)
-        except TypeError as e:
-            raise ConfigError(f"bad optim.thor option ({e})", "see `help(torchboost.optim.THOR)` for valid keys") from None
-    raise ConfigError(f"unknown optimizer '{o.name}'", "use sgd, adamw or thor")
+    if o.name == "muon":
+        return muon_optimizer(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov)
+    kw = dict(o.thor)  # optim.name == "thor"; keys and values were checked by the validation pass
+    damping = kw.pop("damping", 0.03)
+    decay = kw.pop("damping_decay", None)
+    if decay is not None:  # MindSpore's damping generator: damping * decay^(epoch/10), per update
+        damping = get_thor_damping(0, damping, decay, cfg.train.epochs, steps_per_epoch)
+    return THOR(model, lr=lr, damping=damping, momentum=o.momentum, weight_decay=o.weight_decay,
+                accumulation_steps=cfg.train.accumulation_steps, **kw)
 
 
 def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
+from torchboost.errors import CheckpointError
+from torchboost.recipe.config import build_config, read_yaml, resolve_recipe
 
-from torchboost.errors import CheckpointError, ConfigError
-from torchboost.recipe.config import Config, _merge, parse_override, resolve_recipe
-
-CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth")
+CHECKPOINT_SUFFIXES = (".pt", ".pth")
 ABSENT = "(absent)"
 
 
@@ -35,24 +33,13 @@ def _source(spec: str) -> dict:
             raise CheckpointError(f"{path} holds no saved config", "pass a checkpoint written by `torchboost "
                                   "train`, or the run's config.yaml")
         return ckpt["config"]
-    recipe = resolve_recipe(str(path) if path.suffix in (".yaml", ".yml") else spec)
-    try:
-        return yaml.safe_load(recipe.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{recipe} is not valid YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from None
+    return read_yaml(resolve_recipe(str(path) if path.suffix in (".yaml", ".yml") else spec))
 
 
 def resolve_config(spec: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Defaults <- recipe name / YAML path / run folder / checkpoint <- overrides, as a dict. Keys and
     types are checked, but not run-time requirements such as a data path: this compares hyperparameters."""
-    cfg = Config()
-    _merge(cfg, _source(spec))
-    for item in overrides:
-        keys, value = parse_override(item)
-        for k in reversed(keys):
-            value = {k: value}
-        _merge(cfg, value)
-    return cfg.to_dict()
+    return build_config(_source(spec), overrides).to_dict()
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -1,30 +1,42 @@
-"""Runs a recipe: build everything from a Config, train, evaluate, predict. The CLI calls these."""
+"""Train from a Config: validate, load the data, resolve the config, build the objects, train.
+
+`train_from_config` reads like the list of steps a run takes; each step is a small function that reads
+the (resolved) config and returns what it built. Nothing here changes the Config it is given.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader
 
 from torchboost import dist
-from torchboost.data import build_dataset, build_loader
-from torchboost.errors import ConfigError
+from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
+from torchboost.data import build_loader
+from torchboost.errors import ConfigError, DataError, OutputError, TorchboostError
 from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer,
-                                     build_schedule, effective_lr)
+                                     build_schedule, effective_lr, global_batch)
+from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
+from torchboost.recipe.data import load_data
+from torchboost.recipe.diff import flatten
+from torchboost.recipe.outputs import carry_history, claim_output, write_config
+from torchboost.recipe.resolve import resolve
+from torchboost.recipe.validate import validate
 from torchboost.seed import seed_everything
-from torchboost.train.device import resolve_device
-from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
-from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint, ProgressBar,
-                        TensorBoard, TimeMonitor, is_main_process)
+from torchboost.train.checkpoint import load_checkpoint, load_model_state
+from torchboost.train.device import cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
 
-if TYPE_CHECKING:
-    from torchboost.boost.config import BoostPlan
+Log = Callable[[str], None]
 
 
 @dataclass
@@ -33,6 +45,7 @@ class RunResult:
     last_checkpoint: Optional[Path]
     eval_results: dict
     epochs_done: int
+    config: Config  # the resolved config the run trained with
     is_main: bool = True
 
 
@@ -40,10 +53,12 @@ def output_dir(cfg: Config, override: Optional[str] = None) -> Path:
     return Path(override or cfg.output.format(name=cfg.name))
 
 
-def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optional[str] = None,
-                      log=print, profile: Optional[str] = None) -> RunResult:
-    """Train as the recipe says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
-    torch.profiler trace of a few steps ("" = OUTPUT/profile)."""
+def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optional[str] = None, log: Log = print,
+                      profile: Optional[str] = None, overwrite: bool = False) -> RunResult:
+    """Train as the config says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
+    torch.profiler trace of a few steps ("" = OUTPUT/profile). `overwrite` replaces an earlier run's
+    files in the output folder (otherwise such a folder is refused unless resuming)."""
+    validate(cfg)  # configs built in Python get the same checks as recipe files
     info = dist.init_distributed(timeout_s=cfg.dist.timeout_s)
     out = output_dir(cfg, output)
     handler = dist.open_worklog(out / "log", info.rank) if info.world_size > 1 else None
@@ -56,7 +71,7 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
 
     try:
         with dist.guard("training"):
-            return _train(cfg, info, resume, output, log_all, profile)
+            return _train(cfg, info, out, resume, overwrite, log_all, profile)
     finally:
         dist.shutdown()
         if handler is not None:
@@ -64,54 +79,85 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
             handler.close()
 
 
-def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
-    out = output_dir(cfg, output)
+def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], overwrite: bool, log: Log,
+           profile: Optional[str]) -> RunResult:
     device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+    data_cfg, train_ds, eval_ds = load_data(cfg)
+    plan = boost_plan(cfg, info.world_size)
+    run_cfg = resolve(cfg, data_cfg, train_ds, plan)
+    train_loader, eval_loader = build_loaders(run_cfg, train_ds, eval_ds, info, device)
+    dist.agree({**flatten(run_cfg.to_dict()), "training images": len(train_ds), "evaluation images": len(eval_ds)})
+    steps_per_epoch = math.ceil(len(train_loader) / run_cfg.train.accumulation_steps)
+    for note in warnings_for(run_cfg, device, info.world_size):
+        log(f"warning: {note}")
 
-    train_ds, eval_ds = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "test")
-    # Recorded in the saved config so `predict` normalizes new images exactly like training did.
-    stats = train_ds if hasattr(train_ds, "mean") else getattr(train_ds, "transform", None)
-    if stats is not None and cfg.data.mean is None:
-        cfg.data.mean, cfg.data.std = [float(v) for v in stats.mean], [float(v) for v in stats.std]
-    loader_kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
-                     seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
-    train_loader = build_loader(train_ds, cfg.data.batch_size, True, **loader_kw)
-    eval_loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, **loader_kw)
+    with output_claimed(out, resume, overwrite, info):
+        net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
+        model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
+        model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes)}
+        if resume:
+            ckpt = model.load_checkpoint(resume)
+            log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
+                f"update {ckpt['global_step']})")
+        callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
+        if info.is_main:
+            if resume:
+                carry_history(resume, out)
+            write_config(out, dump_config(run_cfg))
+        log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
+        state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
+                            eval_every=run_cfg.train.eval_every, log_fn=log)
+    if info.is_main:
+        log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
+            f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
+    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
 
+
+def boost_plan(cfg: Config, world_size: int) -> BoostPlan | None:
+    """The boost plan when boost is on (its world-size checks need the real process count)."""
+    if cfg.boost.level == "O0" and not cfg.boost.config:
+        return None
+    return resolve_boost(cfg.boost.level, cfg.boost.config, world_size=world_size)
+
+
+def build_loaders(cfg: Config, train_ds, eval_ds, info: dist.DistInfo, device: torch.device
+                  ) -> tuple[DataLoader, DataLoader]:
+    kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
+              seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
+    train_loader = build_loader(train_ds, cfg.data.batch_size, True, **kw)
+    if len(train_loader) == 0:
+        per_rank = len(train_ds) // info.world_size
+        raise DataError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training images "
+                        f"of each of the {info.world_size} process(es): an epoch would have no update",
+                        f"lower data.batch_size to at most {max(per_rank, 1)}")
+    return train_loader, build_loader(eval_ds, cfg.data.eval_batch_size, False, **kw)
+
+
+def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, steps_per_epoch: int,
+                  info: dist.DistInfo, log: Log) -> tuple[nn.Module, list]:
+    """The model on its device, with init_weights loaded and boost's structural changes and hooks."""
     net = build_model(cfg).to(device)
     if cfg.train.init_weights:
-        from torchboost.train.checkpoint import load_checkpoint, load_model_state
-
         state = load_checkpoint(cfg.train.init_weights, map_location=device)
         load_model_state(net, state.get("model", state), source=cfg.train.init_weights)
-    hooks: list = []
-    plan = None
-    accumulation = cfg.train.accumulation_steps
-    if cfg.boost.level != "O0" or cfg.boost.config:
-        from torchboost.boost import build_boost, resolve_boost
+    if plan is None:
+        return net, []
+    net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,
+                             world_size=info.world_size, seed=cfg.train.seed)
+    log(plan.describe())
+    return net, hooks
 
-        plan = resolve_boost(cfg.boost.level, cfg.boost.config, world_size=info.world_size)
-        if plan.on("grad_accumulation"):
-            if accumulation not in (1, plan.grad_accumulation_step):
-                raise ConfigError(f"train.accumulation_steps={accumulation} and boost grad_accumulation_step="
-                                  f"{plan.grad_accumulation_step} disagree", "set only one of them")
-            accumulation = cfg.train.accumulation_steps = plan.grad_accumulation_step
-    steps_per_epoch = math.ceil(len(train_loader) / accumulation)
-    if plan is not None:
-        net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,
-                                 world_size=info.world_size, seed=cfg.train.seed)
-        log(plan.describe())
-    ema = build_ema(cfg, net)
-    adasum = any(type(h).__name__ == "AdasumHook" for h in hooks)
+
+def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: list, device: torch.device,
+                  steps_per_epoch: int, info: dist.DistInfo) -> tuple[Model, float]:
+    """(Model with optimizer, schedule, loss scaling, EMA and DDP, the learning rate it starts from)."""
+    adasum = plan is not None and plan.on("adasum")
     # Adasum sums orthogonal deltas and averages parallel ones: Horovod advises against linear LR scaling.
     lr = effective_lr(cfg, 1 if adasum else info.world_size)
-    optimizer = None
-    if plan is not None:
-        from torchboost.boost import boost_optimizer
-
-        optimizer = boost_optimizer(plan, net)  # DimReduce when dim_reduce is on
-    optimizer = optimizer or build_optimizer(cfg, net, lr, steps_per_epoch)
+    ema = build_ema(cfg, net)
+    optimizer = (boost_optimizer(plan, net) if plan is not None else None) or \
+        build_optimizer(cfg, net, lr, steps_per_epoch)  # DimReduce when boost's dim_reduce is on
     loss_scale = build_loss_scale(cfg, device)
     if hasattr(optimizer, "grad_scaler") and loss_scale is not None:
         optimizer.grad_scaler = loss_scale.scaler  # THOR unscales its G factors by the live loss scale
@@ -121,88 +167,18 @@ def _train(cfg: Config, info, resume, output, log, profile) -> RunResult:
         wrapped = dist.wrap_ddp(net, info, bucket_cap_mb=cfg.dist.bucket_cap_mb,
                                 fusion_config=fusion_config(cfg, plan), sync_bn=cfg.dist.sync_bn,
                                 find_unused_parameters=freeze)
-
-    model = Model(wrapped, build_loss(cfg), optimizer, amp_level=cfg.train.amp_level,
+    t = cfg.train
+    model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_level=t.amp_level,
                   loss_scale_manager=loss_scale, device=device,
-                  amp_dtype=None if cfg.train.amp_dtype == "auto" else cfg.train.amp_dtype,
+                  amp_dtype=None if t.amp_dtype == "auto" else t.amp_dtype,
                   lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
-                  clip_global_norm=cfg.train.clip_global_norm, clip_value=cfg.train.clip_value,
-                  accumulation_steps=accumulation, ema=ema, hooks=hooks,
+                  clip_global_norm=t.clip_global_norm, clip_value=t.clip_value,
+                  accumulation_steps=t.accumulation_steps, ema=ema, hooks=hooks,
                   channels_last=cfg.model.channels_last,
                   per_batch_accuracy=True,  # train top-1 feeds the history's train/validation gap
                   input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
-                  compile=cfg.model.compile)
-    model.extra_state = {"config": cfg.to_dict(), "classes": list(train_ds.classes)}
-    if resume:
-        ckpt = model.load_checkpoint(resume)
-        log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
-            f"update {ckpt['global_step']})")
-
-    ckpt_cb = ModelCheckpoint(cfg.checkpoint.prefix, out / "ckpt", CheckpointConfig(
-        cfg.checkpoint.save_every_steps, cfg.checkpoint.save_every_epochs, cfg.checkpoint.keep_max))
-    # DataStarvationMonitor goes before History: it adds the data-wait figures that History records.
-    callbacks = [ProgressBar(None if cfg.train.progress_bar else False),
-                 LossMonitor(cfg.train.log_every, show_accuracy=cfg.train.per_batch_accuracy),
-                 TimeMonitor(), DataStarvationMonitor(loader=train_loader), ckpt_cb, History(out)]
-    if profile is not None:
-        callbacks.append(ProfilerCallback(profile or out / "profile"))
-    if cfg.train.early_stopping_patience:
-        callbacks.append(EarlyStopping(patience=cfg.train.early_stopping_patience))
-    try:
-        callbacks.append(TensorBoard(out / "tensorboard"))
-    except ImportError:
-        log("note: TensorBoard not installed; `pip install tensorboard` for event files")
-    if is_main_process():
-        out.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, out / "config.yaml")
-    log(f"training {cfg.model.name} on {cfg.data.dataset} ({len(train_ds)} train / {len(eval_ds)} eval images) "
-        f"for {cfg.train.epochs} epochs on {device}, {info.world_size} process(es), "
-        f"{steps_per_epoch} updates/epoch, lr {lr:g}")
-    state = model.train(cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
-                        eval_every=cfg.train.eval_every, log_fn=log)
-    if is_main_process():
-        log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
-            f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
-    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, info.is_main)
-
-
-def model_from_checkpoint(path: str, device: str = "auto") -> tuple[Model, Config, dict]:
-    """Rebuild the trained network from a checkpoint's saved config (no recipe needed)."""
-    from torchboost.errors import CheckpointError
-    from torchboost.recipe.config import _merge
-    from torchboost.train.checkpoint import load_checkpoint, load_model_state
-
-    ckpt = load_checkpoint(path)
-    if "config" not in ckpt:
-        raise CheckpointError(f"{path} has no saved config", "pass a checkpoint written by `torchboost train`")
-    cfg = Config()
-    _merge(cfg, ckpt["config"])
-    dev = resolve_device(device)
-    net = build_model(cfg)
-    if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
-        from torchboost.boost import resolve_boost, transform_model
-
-        transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
-    load_model_state(net, ckpt["model"], source=str(path))
-    model = Model(net, build_loss(cfg), device=dev, channels_last=cfg.model.channels_last)
-    return model, cfg, ckpt
-
-
-def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str = "test",
-                        use_ema: bool = False) -> dict:
-    model, cfg, ckpt = model_from_checkpoint(path)
-    if data_path:
-        cfg.data.path = data_path
-        if cfg.data.dataset in ("mnist5k", "digits", "synthetic"):
-            cfg.data.dataset = "folder"
-    if use_ema:
-        if "ema" not in ckpt:
-            from torchboost.errors import CheckpointError
-
-            raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
-        model.network.load_state_dict(ckpt["ema"]["module"])
-    ds = build_dataset(cfg.data, split)
-    return model.eval(build_loader(ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers))
+                  compile=cfg.model.compile, nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps)
+    return model, lr
 
 
 def fusion_config(cfg: Config, plan: BoostPlan | None) -> list[int] | None:
@@ -214,16 +190,45 @@ def fusion_config(cfg: Config, plan: BoostPlan | None) -> list[int] | None:
     return list(groups) or None
 
 
-def predict_images(path: str, images: list[str], topk: int = 5) -> list[list[tuple[str, float]]]:
-    """Top-k (class, probability) for each image file, preprocessed like the run's evaluation data."""
-    from torchboost.data import eval_preprocess, read_image
+def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str]:
+    """What a user should know before the first update: settings that cost speed here."""
+    notes = []
+    cores = os.cpu_count() or 1
+    if cfg.data.workers > cores:
+        notes.append(f"data.workers={cfg.data.workers} on {cores} CPU cores: more workers than cores compete "
+                     f"with training for the CPU; try data.workers={max(cores - 1, 0)}")
+    amp = cfg.train.amp_level != "O0" and cfg.train.amp_dtype in ("auto", "bfloat16")
+    if amp and device.type == "cpu" and not cpu_has_bf16():
+        notes.append(f"train.amp_level={cfg.train.amp_level} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX):"
+                     " it is emulated and about 2x slower than fp32; use --set train.amp_level=O0 here")
+    return notes
 
-    model, cfg, ckpt = model_from_checkpoint(path)
-    classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]
-    transform = eval_preprocess(cfg.data)
-    batch = torch.stack([read_image(p, transform) for p in images])
-    probs = model.predict(batch).softmax(dim=1)
-    k = min(topk, probs.shape[1])
-    top = probs.topk(k, dim=1)
-    return [[(classes[i], float(p)) for p, i in zip(ps.tolist(), idx.tolist())]
-            for ps, idx in zip(top.values, top.indices)]
+
+def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_size: int, steps_per_epoch: int,
+                 lr: float) -> str:
+    """The start-up line: what trains on what, and how the learning rate was derived."""
+    lr_text = f"lr {lr:g}"
+    if cfg.optim.lr_reference_batch is not None:
+        lr_text += (f" (optim.lr {cfg.optim.lr:g} per {cfg.optim.lr_reference_batch} images, scaled to the "
+                    f"global batch of {global_batch(cfg, world_size)})")
+    where = f"{cfg.data.dataset} {cfg.data.path}" if cfg.data.path else cfg.data.dataset
+    return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s)) on "
+            f"{where} ({len(train_ds)} train / {len(eval_ds)} eval images) for {cfg.train.epochs} epochs on "
+            f"{device}, {world_size} process(es), {steps_per_epoch} updates/epoch, {lr_text}")
+
+
+@contextlib.contextmanager
+def output_claimed(out: Path, resume: Optional[str], overwrite: bool, info: dist.DistInfo) -> Iterator[None]:
+    """Rank 0 claims the output folder; every rank learns whether it could, so all stop together."""
+    with contextlib.ExitStack() as stack:
+        problem = None
+        if info.is_main:
+            try:
+                stack.enter_context(claim_output(out, resume, overwrite))
+            except TorchboostError as e:
+                problem = (type(e).__name__, e.what, e.fix)
+        problem = dist.broadcast_object(problem)
+        if problem is not None:
+            kind = OutputError if problem[0] == "OutputError" else ConfigError
+            raise kind(problem[1], problem[2])
+        yield

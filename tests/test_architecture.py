@@ -1,0 +1,136 @@
+"""The layering rules of docs/ARCHITECTURE.md, checked on the source (ast), not by convention:
+imports flow one way (faces -> application -> library), no import cycles between modules, no file over
+~400 lines without a stated reason, and the public API the README documents."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "torchboost"
+LIBRARY = ("models", "data", "optim", "train", "boost", "dist", "migrate", "errors", "fileio", "losses", "seed")
+APPLICATION = ("recipe",)
+FACES = ("cli", "bench", "debug", "__main__")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path = ROOT) -> set[str]:
+    """Every torchboost module `path` imports, at module level or inside functions (TYPE_CHECKING too)."""
+    mod = module_name(path, root)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" for a in node.names]
+            found |= {n for n in [target, *names] if n.startswith("torchboost")}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("torchboost")}
+    return found
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def resolve(name: str) -> str | None:
+    """The module an imported name lives in (`torchboost.optim.THOR` -> `torchboost.optim`)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+GRAPH = {mod: {r for r in map(resolve, imports_of(path)) if r and r != mod} for mod, path in MODULES.items()}
+
+
+def layer(mod: str) -> str:
+    top = mod.split(".")[1] if "." in mod else ""
+    if top in APPLICATION:
+        return "application"
+    if top in FACES:
+        return "face"
+    return "library" if top in LIBRARY else "root"
+
+
+def test_library_never_imports_application_or_faces():
+    bad = [(m, d) for m, deps in GRAPH.items() if layer(m) == "library" for d in deps
+           if layer(d) in ("application", "face")]
+    assert not bad, f"library modules importing the application layer or the CLI: {bad}"
+
+
+def test_application_never_imports_faces():
+    bad = [(m, d) for m, deps in GRAPH.items() if layer(m) == "application" for d in deps if layer(d) == "face"]
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    # A package's __init__ re-exporting its own submodules is not a cycle of concerns: drop edges from a
+    # package to its children, then look for any cycle (iterative DFS with colours).
+    edges = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in GRAPH.items()}
+    colour, cycles = {}, []
+
+    def visit(start: str) -> None:
+        stack = [(start, iter(sorted(edges[start])))]
+        path = [start]
+        colour[start] = "grey"
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                colour[node] = "black"
+                stack.pop()
+                path.pop()
+            elif colour.get(nxt) == "grey":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in colour:
+                colour[nxt] = "grey"
+                stack.append((nxt, iter(sorted(edges[nxt]))))
+                path.append(nxt)
+
+    for mod in sorted(edges):
+        if mod not in colour:
+            visit(mod)
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+def test_the_graph_sees_a_planted_violation(tmp_path):
+    """The checks above must be able to fail: a library module importing the application layer is seen."""
+    planted = tmp_path / "torchboost" / "models" / "bad.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from torchboost.recipe.config import Config\nfrom ..recipe import run\n")
+    deps = imports_of(planted, tmp_path / "torchboost")
+    assert {"torchboost.recipe.config", "torchboost.recipe.run"} <= deps
+    assert layer("torchboost.models.bad") == "library" and layer("torchboost.recipe.run") == "application"
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_files_stay_small_or_say_why(path):
+    lines = path.read_text().splitlines()
+    if len(lines) > 400:
+        head = "\n".join(lines[:15]).lower()
+        assert "lines" in head and "because" in head, f"{path} has {len(lines)} lines and no stated reason"
+
+
+def test_public_api_matches_the_docs():
+    import torchboost
+    import torchboost.dist
+    import torchboost.optim
+
+    for mod, names in ((torchboost, ("THOR", "TrainStep", "ProgressBar", "TensorBoard", "Model", "EarlyStopping",
+                                     "get_thor_lr", "get_thor_damping", "ModelEMA", "create_model")),
+                       (torchboost.optim, ("THOR", "get_thor_lr", "get_thor_damping")),
+                       (torchboost.dist, ("adasum_reduce", "launch", "init_distributed", "wrap_ddp"))):
+        assert not hasattr(mod, "__getattr__"), f"{mod.__name__} uses a module __getattr__"
+        for name in names:
+            assert name in mod.__all__ and getattr(mod, name) is not None, f"{mod.__name__}.{name}"
+        for name in mod.__all__:
+            assert hasattr(mod, name), f"{mod.__name__}.__all__ lists missing {name}"

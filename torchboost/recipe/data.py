@@ -1,0 +1,133 @@
+"""Config -> data sets: which `torchboost.data` constructor a `DataConfig` names, with what arguments.
+
+The data library takes explicit arguments; the defaults that depend on the kind of data (a folder's 3
+channels and 224 px, an in-memory set's native size) are decided here, in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
+                             TensorImageDataset, eval_transform, folder_channels, load_builtin, load_mnist_idx,
+                             load_paddle_json, train_transform)
+from torchboost.errors import ConfigError, DataError
+from torchboost.recipe.config import Config, DataConfig
+
+IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")
+# Folder and synthetic image size when data.image_size is not set: what each model is designed for.
+DEFAULT_SIZE = {"mnist_cnn": 28}
+FOLDER_SIZE = 224
+DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folders without data.mean
+
+
+def _split_dir(root: Path, split: str) -> Path:
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist", "check data.path (or --data DIR)")
+    names = ("train",) if split == "train" else ("val", "test")
+    for name in names:
+        if (root / name).is_dir():
+            return root / name
+    raise DataError(f"no {'/ or '.join(names)}/ folder in {root}",
+                    "a folder data set holds train/ and val/ (or test/), each with one sub-folder per class")
+
+
+def folder_geometry(cfg: DataConfig) -> tuple[int, int, tuple, tuple]:
+    """(channels, image size, mean, std) of a folder or synthetic set: the config's, else defaults.
+    (A run fills channels and image_size in `load_data` first, from the images and the model.)"""
+    channels, size = cfg.channels or 3, cfg.image_size or FOLDER_SIZE
+    default_mean, default_std = DEFAULT_STATS.get(channels, ((), ()))
+    mean = tuple(cfg.mean) if cfg.mean is not None else default_mean
+    std = tuple(cfg.std) if cfg.std is not None else default_std
+    if len(mean) != channels or len(std) != channels:
+        raise ConfigError(f"data.channels={channels} needs data.mean and data.std with {channels} values each",
+                          "set data.channels to 1 or 3 and matching data.mean / data.std")
+    return channels, size, mean, std
+
+
+def eval_preprocess(cfg: DataConfig) -> EvalTransform:
+    """A run's evaluation preprocessing for single image files (what `predict` feeds the model).
+
+    Folder runs: their resize + centre crop and statistics. In-memory sets (MNIST, digits) are stored at
+    their native size: a file is resized to that size, whole (no crop), with the set's statistics."""
+    if cfg.dataset in ("folder", "synthetic"):
+        _, size, mean, std = folder_geometry(cfg)
+        return eval_transform(size, mean, std, cfg.crop_pct, uint8=cfg.normalize_on_device)
+    ds = build_dataset(cfg, "test")
+    return eval_transform(ds.images.shape[-1], ds.mean, ds.std, crop_pct=1.0, uint8=cfg.normalize_on_device)
+
+
+def _check_tensor_set(cfg: DataConfig, ds: TensorImageDataset) -> None:
+    """In-memory sets come at their native size: say so instead of silently resizing."""
+    _, c, h, _ = ds.images.shape
+    if cfg.image_size not in (None, h):
+        raise ConfigError(f"{cfg.dataset} images are {h}×{h} but data.image_size={cfg.image_size}",
+                          f"set data.image_size={h} (or leave it unset)")
+    if cfg.channels not in (None, c):
+        raise ConfigError(f"{cfg.dataset} images have {c} channel(s) but data.channels={cfg.channels}",
+                          f"set data.channels={c} (or leave it unset)")
+    if cfg.mean is not None or cfg.std is not None:
+        mean, std = cfg.mean or ds.mean, cfg.std or ds.std
+        if len(mean) != c or len(std) != c:
+            raise ConfigError(f"data.mean/std need {c} value(s) for {cfg.dataset}", "give one per channel")
+        ds.set_stats(mean, std)
+
+
+def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None) -> Dataset:
+    """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes.
+    `num_classes` only sets a synthetic set's label range (real data sets bring their own classes)."""
+    uint8 = cfg.normalize_on_device
+    if cfg.dataset == "folder":
+        root = _split_dir(Path(cfg.path), split)
+        if split == "train":
+            _, size, mean, std = folder_geometry(cfg)
+            augment = "imagenet" if cfg.augment == "auto" else cfg.augment
+            transform: Any = train_transform(size, mean, std, uint8=uint8, augment=augment,
+                                             rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
+                                             shift=cfg.random_shift if augment == "shift" else 0)
+        else:
+            transform = eval_preprocess(cfg)
+        return ImageFolder(root, transform, cfg.skip_corrupt, drop_corrupt=split != "train")
+    if cfg.dataset == "synthetic":
+        channels, size, _, _ = folder_geometry(cfg)
+        n = cfg.synthetic_size if split == "train" else max(1, cfg.synthetic_size // 10)
+        return SyntheticImages(n, num_classes or 1000, channels, size, seed=int(split != "train"), uint8=uint8)
+    if cfg.dataset == "mnist_idx":
+        ds = load_mnist_idx(Path(cfg.path), split)
+    elif cfg.dataset == "paddle_json":
+        ds = load_paddle_json(Path(cfg.path), split)
+    else:
+        ds = load_builtin(cfg.dataset, split)
+    _check_tensor_set(cfg, ds)
+    ds.uint8 = uint8
+    ds.shift = cfg.random_shift if split == "train" else 0
+    return ds
+
+
+def load_data(cfg: Config) -> tuple[DataConfig, Dataset, Dataset]:
+    """(data config with every inferred key filled in, training set, evaluation set) of a run.
+
+    Inferred: a folder's channels (from its first image) and image size (what the model is built for),
+    the augmentation `auto` stands for, and an in-memory set's size, channels and statistics."""
+    d = cfg.data
+    if d.dataset in ("folder", "synthetic"):
+        channels = d.channels or (folder_channels(_split_dir(Path(d.path), "train")) if d.dataset == "folder" else 3)
+        size = d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
+        d = dataclasses.replace(d, channels=channels, image_size=size)
+        _, _, mean, std = folder_geometry(d)
+        d = dataclasses.replace(d, mean=list(mean), std=list(std))
+    augment = d.augment
+    if augment == "auto":
+        augment = "imagenet" if d.dataset in ("folder", "synthetic") else "shift" if d.random_shift else "none"
+    d = dataclasses.replace(d, augment=augment)
+    train_ds = build_dataset(d, "train", cfg.model.num_classes)
+    eval_ds = build_dataset(d, "test", cfg.model.num_classes)
+    if isinstance(train_ds, TensorImageDataset) and d.dataset in IN_MEMORY:
+        _, c, h, _ = train_ds.images.shape
+        d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
+                                std=[float(v) for v in train_ds.std])
+    return d, train_ds, eval_ds

@@ -1,0 +1,125 @@
+"""Evaluate and predict with trained weights: rebuild the network from the run's resolved config.
+
+A torchboost training checkpoint carries its resolved config, so it needs nothing else. Plain weight
+files (safetensors, a torch state dict) carry none: pass the recipe that built them (`--config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from torchboost.boost import resolve_boost, transform_model
+from torchboost.data import build_loader, read_image
+from torchboost.errors import CheckpointError, ConfigError, DataError
+from torchboost.migrate import load_torch_state
+from torchboost.recipe.build import build_loss, build_model
+from torchboost.recipe.config import Config, build_config
+from torchboost.recipe.data import build_dataset, eval_preprocess, load_data
+from torchboost.recipe.load import load_config
+from torchboost.recipe.resolve import resolve
+from torchboost.train.checkpoint import load_checkpoint, load_model_state
+from torchboost.train.model import Model
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def model_from_weights(path: str, config: Optional[str] = None, overrides: Sequence[str] = (),
+                       device: str = "auto") -> tuple[Model, Config, dict]:
+    """(Model, resolved config, checkpoint dict) from a training checkpoint, or from a plain weights
+    file plus the recipe that built it."""
+    if _is_training_checkpoint(path):
+        ckpt = load_checkpoint(path)
+        cfg = build_config(ckpt["config"], overrides)
+    else:
+        if config is None:
+            raise CheckpointError(f"{path} holds weights but no saved config",
+                                  "pass --config RECIPE (and --set overrides) describing the network")
+        ckpt = {"model": load_torch_state(path)}
+        recipe_cfg = load_config(config, overrides)
+        data_cfg, train_ds, _ = load_data(recipe_cfg)
+        cfg = resolve(recipe_cfg, data_cfg, train_ds, None)
+        ckpt["classes"] = list(train_ds.classes)
+    net = build_model(cfg)
+    if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
+        transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
+    load_model_state(net, ckpt["model"], source=str(path))
+    model = Model(net, build_loss(cfg), device=device, channels_last=cfg.model.channels_last)
+    return model, cfg, ckpt
+
+
+def _is_training_checkpoint(path: str) -> bool:
+    if Path(path).suffix == ".safetensors":
+        return False
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError:
+        return False
+    return isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict) and "model" in ckpt
+
+
+def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str = "test", use_ema: bool = False,
+                        config: Optional[str] = None, overrides: Sequence[str] = ()) -> dict:
+    """Top-1/top-5/loss of the weights on the run's evaluation data, or on an image folder `data_path`
+    (read with the run's preprocessing; its classes must be the run's)."""
+    model, cfg, ckpt = model_from_weights(path, config, overrides)
+    data = cfg.data
+    if data_path:
+        data = dataclasses.replace(data, dataset="folder", path=data_path)
+    if use_ema:
+        if "ema" not in ckpt:
+            raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
+        model.network.load_state_dict(ckpt["ema"]["module"])
+    ds = build_dataset(data, split)
+    check_classes(ds.classes, ckpt.get("classes"), cfg.model.num_classes, path)
+    return model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
+
+
+def check_classes(data_classes: list[str], run_classes: Optional[list[str]], num_classes: int, path: str) -> None:
+    """Evaluating on data whose classes are not the network's gives a meaningless score: refuse it."""
+    if len(data_classes) != num_classes:
+        raise DataError(f"the data has {len(data_classes)} classes but {path} predicts {num_classes}",
+                        "evaluate on data with the classes the network was trained on")
+    if run_classes and list(run_classes) != list(data_classes):
+        diff = sorted(set(data_classes) ^ set(run_classes))[:3]
+        raise DataError(f"the data's class folders differ from the run's (e.g. {', '.join(diff) or 'their order'})",
+                        "use folders named like the training classes")
+
+
+def image_files(paths: Sequence[str]) -> list[str]:
+    """Image files from a mix of files and folders (folders searched recursively, sorted)."""
+    files: list[str] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise DataError(f"no images in folder {p}", f"supported: {', '.join(IMAGE_SUFFIXES)}")
+            files += found
+        elif p.is_file():
+            files.append(str(p))
+        else:
+            raise DataError(f"{p} does not exist", "pass image files or folders")
+    return files
+
+
+def predict_images(path: str, images: Sequence[str], topk: int = 5, config: Optional[str] = None,
+                   overrides: Sequence[str] = (), batch_size: int = 64) -> list[tuple[str, list[tuple[str, float]]]]:
+    """[(image file, top-k (class, probability))] for image files and folders, preprocessed like the
+    run's evaluation data."""
+    if topk < 1:
+        raise ConfigError(f"--topk {topk} must be >= 1", "e.g. --topk 5")
+    model, cfg, ckpt = model_from_weights(path, config, overrides)
+    classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]
+    transform = eval_preprocess(cfg.data)
+    files = image_files(images)
+    results = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start:start + batch_size]
+        probs = model.predict(torch.stack([read_image(p, transform) for p in chunk])).softmax(dim=1)
+        top = probs.topk(min(topk, probs.shape[1]), dim=1)
+        results += [(f, [(classes[i], float(p)) for p, i in zip(ps.tolist(), idx.tolist())])
+                    for f, ps, idx in zip(chunk, top.values, top.indices)]
+    return results

@@ -1,0 +1,88 @@
+"""A run's output folder: one run per folder, a lock against two live runs, the resolved config file.
+
+A new run refuses a folder that holds another run's files unless it resumes (`--resume`) or is told to
+replace them (`--overwrite`): keep-newest-N pruning, the history and config.yaml of the old run would
+otherwise be lost without a word. The lock is an `fcntl.flock` on OUTPUT/.lock, released by the kernel
+when the process dies, so a killed run never leaves a stale lock behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator, Optional
+
+from torchboost.errors import ConfigError, OutputError
+from torchboost.fileio import atomic_path
+
+# What `torchboost train` writes into an output folder (the run's artifacts, nothing else is touched).
+RUN_FILES = ("config.yaml", "history.jsonl", "history.csv", "history.png")
+RUN_DIRS = ("ckpt", "tensorboard", "profile", "log")
+
+
+def previous_run(out: Path) -> list[str]:
+    """The artifacts of an earlier run in `out` (empty when the folder is new or holds none)."""
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    found += [f"{name}/" for name in RUN_DIRS if (out / name).is_dir() and any((out / name).iterdir())]
+    return found
+
+
+def check_output(out: Path, resume: Optional[str], overwrite: bool) -> None:
+    """Refuse a folder that belongs to another run (before anything is written or deleted)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output {out} is a file, not a folder", "choose another --output")
+    found = previous_run(out)
+    if found and not resume and not overwrite:
+        raise ConfigError(f"output folder {out} holds another run ({', '.join(found)})",
+                          "continue it with --resume CHECKPOINT, replace it with --overwrite, or choose another "
+                          "--output")
+
+
+@contextlib.contextmanager
+def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[None]:
+    """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's artifacts."""
+    check_output(out, resume, overwrite)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "a+")
+    except OSError as e:
+        raise OutputError(f"cannot create output folder {out}: {e.strerror}", "choose a writable --output") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            owner = lock.read().strip() or "another process"
+            raise ConfigError(f"output folder {out} is in use by a live run ({owner})",
+                              "wait for it to finish or choose another --output") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+        if overwrite and not resume:
+            for name in RUN_FILES:
+                (out / name).unlink(missing_ok=True)
+            for name in RUN_DIRS:
+                shutil.rmtree(out / name, ignore_errors=True)
+        yield
+
+
+def carry_history(resume: str, out: Path) -> None:
+    """Resuming into a new folder: start from the resumed run's history so the curves continue."""
+    source = Path(resume).resolve().parent.parent  # RUN/ckpt/PREFIX-E_S.pt -> RUN
+    if source == out.resolve() or (out / "history.jsonl").exists():
+        return
+    if (source / "history.jsonl").is_file():
+        _write_text(out / "history.jsonl", (source / "history.jsonl").read_text())
+
+
+def write_config(out: Path, text: str) -> None:
+    _write_text(out / "config.yaml", text)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)

@@ -1,0 +1,38 @@
+"""The resolved config of a run: the user's config with every inferred key filled in.
+
+It is what `config.yaml` and every checkpoint record, so `eval`, `predict` and `--resume` rebuild the
+exact run without the recipe. Resolving returns a new Config; the one passed in is never changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch.utils.data import Dataset
+
+from torchboost.boost import BoostPlan
+from torchboost.errors import ConfigError
+from torchboost.recipe.config import Config, DataConfig
+
+
+def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
+    """`cfg` with the data section `recipe.data.load_data` resolved, the model's classes and input
+    channels taken from the data, boost's gradient accumulation and the checkpoint prefix filled in.
+    A value the user set that contradicts the data is an error, not silently replaced."""
+    classes = len(train_ds.classes)
+    m = cfg.model
+    if m.num_classes is not None and m.num_classes != classes and cfg.data.dataset != "synthetic":
+        raise ConfigError(f"model.num_classes={m.num_classes} but the training data has {classes} classes",
+                          "leave model.num_classes unset to use the data's class count")
+    if m.in_chans is not None and m.in_chans != data.channels:
+        raise ConfigError(f"model.in_chans={m.in_chans} but the images have {data.channels} channel(s)",
+                          "leave model.in_chans unset (or set data.channels to convert the images)")
+    model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels)
+    train = cfg.train
+    if plan is not None and plan.on("grad_accumulation"):
+        if train.accumulation_steps not in (1, plan.grad_accumulation_step):
+            raise ConfigError(f"train.accumulation_steps={train.accumulation_steps} and boost "
+                              f"grad_accumulation_step={plan.grad_accumulation_step} disagree", "set only one of them")
+        train = dataclasses.replace(train, accumulation_steps=plan.grad_accumulation_step)
+    checkpoint = dataclasses.replace(cfg.checkpoint, prefix=cfg.checkpoint.prefix or m.name)
+    return dataclasses.replace(cfg, model=model, data=data, train=train, checkpoint=checkpoint)

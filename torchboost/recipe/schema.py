@@ -1,0 +1,113 @@
+"""Config fields that carry their own rules, and the checks that apply them.
+
+A field is declared with `opt(default, choices=..., ge=..., gt=..., le=..., lt=...)`; the rules live in
+the dataclass field's metadata, so the validation pass, the error messages, `--print-config`'s
+annotations and the bad-value test sweep all read one schema instead of parallel hand-written lists.
+Written by hand because the needs are small (a dozen types, four bounds) and the error texts must be
+ours; pydantic would add a dependency for the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import field
+from typing import Any, Iterator, Sequence, Union
+
+from torchboost.errors import ConfigError, suggest
+
+_BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
+           "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+
+
+def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+        choices: Sequence[Any] | None = None, **bounds: float) -> Any:
+    """A dataclass field with rules: `choices` (allowed values) and bounds `ge`/`gt`/`le`/`lt` (numbers,
+    or every number of a list). Numbers must also be finite."""
+    unknown = set(bounds) - set(_BOUNDS)
+    if unknown:
+        raise TypeError(f"unknown rule(s) {sorted(unknown)}")
+    meta = {"choices": tuple(choices) if choices is not None else None, **bounds}
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def describe_rules(f: dataclasses.Field) -> str:
+    """'one of a, b' / '>= 0 and < 1' / '' for a field's rules (used in error messages and docs)."""
+    meta = f.metadata
+    if meta.get("choices"):
+        return "one of " + ", ".join(str(c) for c in meta["choices"])
+    parts = [f"{_BOUNDS[k][0]} {meta[k]:g}" for k in _BOUNDS if meta.get(k) is not None]
+    return " and ".join(parts)
+
+
+def check_type(value: Any, tp: Any, where: str) -> Any:
+    """`value` checked against a field type (the few shapes our dataclasses use); int -> float coerced."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return check_type(value, arg, where)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}", f"write e.g. {where}=[1, 2]")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [check_type(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {value!r}", f"write e.g. {where}={{key: value}}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    # bool is a subclass of int: `epochs: true` must not pass as 1.
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(f"{where} must be {tp.__name__}, got {type(value).__name__} {value!r}",
+                          f"give a {tp.__name__} value")
+    return value
+
+
+def check_rules(value: Any, f: dataclasses.Field, where: str) -> None:
+    """Apply a field's choices and bounds to a type-checked value (None = unset, always allowed)."""
+    if value is None:
+        return
+    meta = f.metadata
+    choices = meta.get("choices")
+    for v in (value if isinstance(value, list) else [value]) if choices else ():
+        if v not in choices:  # a list field's choices apply to each item
+            raise ConfigError(f"{where}={v!r} is not one of {', '.join(str(c) for c in choices)}",
+                              suggest(str(v), [str(c) for c in choices]))
+    numbers = value if isinstance(value, list) else [value]
+    for v in numbers:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v):
+            raise ConfigError(f"{where}={v} is not a finite number", f"give a finite value ({describe_rules(f)})")
+        for key, (sign, ok) in _BOUNDS.items():
+            bound = meta.get(key)
+            if bound is not None and not ok(v, bound):
+                raise ConfigError(f"{where} must be {describe_rules(f)}, got {v}", f"set {where} {sign} {bound:g}")
+
+
+def leaf_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any, Any]]:
+    """(dotted key, field, type hint, value) of every non-section field of a config tree, in order."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaf_fields(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, hints[f.name], value

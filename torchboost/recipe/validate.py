@@ -1,0 +1,119 @@
+"""The one validation pass: every key of a Config, from YAML, `--set` or Python, before anything is built.
+
+Order: each field's type and rules (recipe.schema), then combinations of fields, then the option sets
+that a library package owns (THOR's keyword arguments, boost's MindSpore-style dict, the device), checked
+by that package's own validator so the rules live in one place. Every problem is a ConfigError naming
+the key, the bad value and the allowed values or range.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torchboost.boost import resolve_boost
+from torchboost.errors import ConfigError
+from torchboost.optim.thor.args import check_thor_options
+from torchboost.recipe.config import METRIC_ALIASES, Config
+from torchboost.recipe.schema import check_rules, check_type, leaf_fields
+from torchboost.train.device import resolve_device
+
+NEEDS_PATH = ("folder", "mnist_idx", "paddle_json")
+BUILT_IN = ("mnist5k", "digits", "synthetic")
+IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError on the first invalid value or combination in `cfg` (which is not modified)."""
+    for key, f, tp, value in leaf_fields(cfg):
+        check_rules(check_type(value, tp, key), f, key)
+    _check_data(cfg)
+    _check_model(cfg)
+    _check_optim(cfg)
+    _check_train(cfg)
+    try:
+        resolve_device(cfg.train.device)
+    except ConfigError as e:
+        raise ConfigError(f"train.device={cfg.train.device!r}: {e.what}", e.fix) from None
+    resolve_boost(cfg.boost.level, cfg.boost.config, where="boost")
+
+
+def _check_data(cfg: Config) -> None:
+    d = cfg.data
+    if d.dataset in NEEDS_PATH and not d.path:
+        raise ConfigError(f"data.dataset={d.dataset} needs a data path", "pass --data DIR (or --set data.path=...)")
+    if d.dataset in BUILT_IN and d.path:
+        raise ConfigError(f"data.path={d.path} is set but data.dataset={d.dataset} is built in and reads no path",
+                          "set data.dataset=folder (or mnist_idx / paddle_json) to train on your data")
+    if (d.mean is None) != (d.std is None):
+        raise ConfigError("data.mean and data.std must be given together", "set both, one value per channel")
+    if d.mean is not None and len(d.mean) != len(d.std):
+        raise ConfigError(f"data.mean has {len(d.mean)} values but data.std has {len(d.std)}",
+                          "give one mean and one std per channel")
+    if d.mean is not None and d.channels is not None and len(d.mean) != d.channels:
+        raise ConfigError(f"data.channels={d.channels} but data.mean/std have {len(d.mean)} values",
+                          "give one mean and one std per channel")
+    if len(d.rrc_scale) != 2 or d.rrc_scale[0] > d.rrc_scale[1]:
+        raise ConfigError(f"data.rrc_scale={d.rrc_scale} is not [min, max] with min <= max", "e.g. [0.08, 1.0]")
+    if d.dataset in IN_MEMORY and d.augment in ("imagenet", "flip"):
+        raise ConfigError(f"data.augment={d.augment} applies to image folders, not data.dataset={d.dataset}",
+                          "use data.augment=shift with data.random_shift=N (or auto)")
+    if d.random_shift and d.augment not in ("auto", "shift"):
+        raise ConfigError(f"data.random_shift={d.random_shift} but data.augment={d.augment}",
+                          "set data.augment=shift (or auto), or data.random_shift=0")
+    if d.augment == "shift" and not d.random_shift:
+        raise ConfigError("data.augment=shift needs data.random_shift > 0", "e.g. --set data.random_shift=2")
+    if d.dataset == "synthetic" and d.random_shift:
+        raise ConfigError("data.random_shift does not apply to synthetic data", "drop data.random_shift")
+    cores = os.cpu_count() or 1
+    if d.workers > 4 * cores:
+        raise ConfigError(f"data.workers={d.workers} on a machine with {cores} CPU cores",
+                          f"use at most {cores} (each worker is a process decoding images)")
+
+
+def _check_model(cfg: Config) -> None:
+    m = cfg.model
+    resnet = m.name.startswith("resnet")
+    if m.init is not None:
+        allowed = ("torchvision", "mindspore") if resnet else ("torch", "paddle")
+        if m.init not in allowed:
+            raise ConfigError(f"model.init={m.init} does not apply to {m.name}", f"use one of {', '.join(allowed)}")
+    if not resnet and (m.padding != "torch" or m.zero_init_last_bn or m.small_input):
+        raise ConfigError(f"model.padding / zero_init_last_bn / small_input apply to ResNets, not {m.name}",
+                          "leave them at their defaults for mnist_cnn")
+
+
+def _check_optim(cfg: Config) -> None:
+    o = cfg.optim
+    for pattern, wd in o.weight_decay_groups.items():
+        if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
+            raise ConfigError(f"optim.weight_decay_groups['{pattern}']={wd!r} is not a number >= 0",
+                              "write e.g. {'layer4.*': 1e-4}")
+    if o.name == "thor":
+        if o.weight_decay_groups:
+            raise ConfigError("optim.weight_decay_groups is not supported with THOR",
+                              "THOR takes one weight_decay; remove optim.weight_decay_groups")
+        decay = o.thor.get("damping_decay")  # the recipe's damping generator, not a THOR argument
+        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1):
+            raise ConfigError(f"optim.thor.damping_decay={decay!r} is not a number in (0, 1]",
+                              "MindSpore's recipe uses 0.5467")
+        try:
+            check_thor_options(o.thor, allow=("damping_decay",))
+        except ConfigError as e:
+            raise ConfigError(f"optim.thor: {e.what}", e.fix) from None
+    elif o.thor:
+        raise ConfigError(f"optim.thor is set but optim.name={o.name}", "set optim.name=thor or remove optim.thor")
+    if cfg.schedule.mode == "step" and not cfg.schedule.milestones:
+        raise ConfigError("schedule.mode=step needs schedule.milestones", "e.g. --set schedule.milestones=[30,60]")
+
+
+def _check_train(cfg: Config) -> None:
+    t = cfg.train
+    if t.monitor.removeprefix("val_") not in {METRIC_ALIASES.get(m, m) for m in t.metrics}:
+        raise ConfigError(f"train.monitor={t.monitor} is not among train.metrics={t.metrics}",
+                          f"add {t.monitor.removeprefix('val_')} to train.metrics or change train.monitor")
+    if t.init_weights and not Path(t.init_weights).is_file():
+        raise ConfigError(f"train.init_weights={t.init_weights} does not exist", "give the path of a weights file")
+    if t.clip_global_norm is not None and t.clip_value is not None:
+        raise ConfigError("train.clip_global_norm and train.clip_value are both set", "choose one way to clip")
+
