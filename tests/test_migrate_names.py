@@ -1,10 +1,11 @@
-"""ResNet weight-name maps (MindSpore zoo <-> torchvision/torchboost) and `convert` across formats."""
+"""ResNet weight-name maps (MindSpore zoo <-> torchvision/torchboost), the torch network a conversion
+reports, and `convert` across formats (MindSpore <-> Paddle through torch names)."""
 
 import pytest
 import torch
 
 from torchboost.errors import CheckpointError, ConfigError
-from torchboost.migrate import (convert, detect_arch, layout, load_mindspore_ckpt, load_torch_state,
+from torchboost.migrate import (convert, detect_arch, layout, load_mindspore_ckpt, load_pdparams, load_torch_state,
                                 mindspore_notes, mindspore_to_torch, save_mindspore_ckpt, torch_to_mindspore)
 from torchboost.models import create_model
 
@@ -198,3 +199,37 @@ def test_add_background_1000_to_1001_keeps_predictions(tmp_path):
     assert back.ok and torch.equal(load_torch_state(tmp_path / "back.pt")["fc.weight"], m.fc.weight)
     with pytest.raises(ConfigError, match="add_background"):
         convert(tmp_path / "zoo.ckpt", tmp_path / "x.pt", add_background=True)
+
+
+def test_reports_name_the_matching_torch_network():
+    _, rep = mindspore_to_torch(torch_to_mindspore(randomized_resnet("resnet50", 1001).state_dict())[0],
+                                drop_background=True)
+    assert rep.model == {"name": "resnet50", "num_classes": 1000, "init": "mindspore", "padding": "same"}
+    text = rep.summary()
+    assert "torch model: create_model('resnet50', num_classes=1000, init='mindspore', padding='same')" in text
+    assert ("recipe keys: --set model.name=resnet50 --set model.num_classes=1000 --set model.init=mindspore "
+            "--set model.padding=same") in text
+    _, rep18 = mindspore_to_torch(torch_to_mindspore(create_model("resnet18").state_dict())[0])
+    assert rep18.model == {"name": "resnet18", "num_classes": 1000, "init": "mindspore"}  # res_base: torch padding
+    _, back = torch_to_mindspore(create_model("resnet50").state_dict(), add_background=True)
+    assert back.model["padding"] == "same" and back.model["num_classes"] == 1000
+
+
+def test_convert_between_mindspore_and_paddle_goes_through_torch_names(tmp_path):
+    sd = randomized_resnet("resnet18", num_classes=7).state_dict()
+    save_mindspore_ckpt(tmp_path / "zoo.ckpt", torch_to_mindspore(sd)[0])
+    rep = convert(tmp_path / "zoo.ckpt", tmp_path / "pd.pdparams")
+    assert rep.ok and rep.arch == "resnet18"
+    pd = load_pdparams(tmp_path / "pd.pdparams")
+    assert torch.equal(pd["fc.weight"], sd["fc.weight"].T) and torch.equal(pd["bn1._variance"], sd["bn1.running_var"])
+    convert(tmp_path / "pd.pdparams", tmp_path / "again.ckpt")
+    assert all(torch.equal(v, load_mindspore_ckpt(tmp_path / "zoo.ckpt")[k])
+               for k, v in load_mindspore_ckpt(tmp_path / "again.ckpt").items())
+    with pytest.raises(ConfigError, match="both files"):
+        convert(tmp_path / "pd.pdparams", tmp_path / "x.pdparams")
+    with pytest.raises(ConfigError, match="drop_background"):
+        convert(tmp_path / "pd.pdparams", tmp_path / "x.pt", drop_background=True)
+    with pytest.raises(ConfigError, match="no MindSpore name map for 'mnist_cnn'"):
+        convert(tmp_path / "zoo.ckpt", tmp_path / "x.pt", arch="mnist_cnn")
+    with pytest.raises(CheckpointError, match="does not convert cleanly"):
+        convert(tmp_path / "pd.pdparams", tmp_path / "x.pt", arch="resnet50")

@@ -71,7 +71,7 @@ def init_mnist_cnn(model: nn.Module, scheme: str = "paddle") -> None:
     """Initialise the MNIST CNN: "torch" keeps PyTorch's defaults, "paddle" applies Paddle's."""
     if scheme not in MNIST_INITS:
         raise ConfigError(f"unknown MNIST CNN init {scheme!r}", f"use one of {', '.join(MNIST_INITS)}")
-    if scheme == "torch":
+    if scheme == "torch" or model.conv1.weight.is_meta:  # shape-only model: see init_resnet
         return
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
