@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from torchboost.errors import ConfigError
-from torchboost.optim.thor import THOR, ThorPreconditioner, check_thor_options
+from torchboost.optim.thor import THOR, ThorPreconditioned, ThorPreconditioner, check_thor_options
 from thor_nets import batch, direction, linear_stats, mlp, train_step
 
 
@@ -52,6 +52,51 @@ def test_thor_is_the_preconditioner_followed_by_momentum_sgd():
     for p, q in zip(net.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14)
     assert opt.state_dict()["thor"]["update"] == pre.state_dict()["update"] == 5
+
+
+def test_graft_keeps_the_direction_with_the_plain_gradient_norm():
+    net = mlp()
+    pre = ThorPreconditioner(net, damping=0.1, frequency=1, split_dim=None, graft="grad")
+    x, y = batch(0)
+    stats = linear_stats(net, x, y)
+    F.cross_entropy(net(x), y).backward()
+    pre.step()
+    for i, A, G, grad, _ in stats:
+        d = direction(A, G, grad, 0.1)
+        np.testing.assert_allclose(net[i].weight.grad.numpy(), d * np.linalg.norm(grad) / np.linalg.norm(d),
+                                   rtol=1e-9, atol=1e-12)
+
+
+def test_factor_samples_takes_the_statistics_from_the_first_samples_only():
+    net = mlp()
+    pre = ThorPreconditioner(net, damping=0.1, frequency=1, split_dim=None, factor_samples=4)
+    x, y = batch(0)
+    full, sub = linear_stats(net, x, y), linear_stats(net, x[:4], y[:4])  # per-sample G does not depend on n
+    F.cross_entropy(net(x), y).backward()
+    pre.step()
+    for (i, _, _, grad, _), (_, A, G, _, _) in zip(full, sub):
+        np.testing.assert_allclose(net[i].weight.grad.numpy(), direction(A, G, grad, 0.1), rtol=1e-9, atol=1e-12)
+
+
+def test_wrapped_sgd_equals_thor_and_its_state_round_trips():
+    net = mlp()
+    ref = copy.deepcopy(net)
+    opt = THOR(net, lr=0.1, damping=0.05, momentum=0.9, frequency=2, split_dim=None)
+    wrapped = ThorPreconditioned(torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9),
+                                 ThorPreconditioner(ref, damping=0.05, frequency=2, split_dim=None))
+    for k in range(3):
+        train_step(net, opt, *batch(k))
+        train_step(ref, wrapped, *batch(k))
+    for p, q in zip(net.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14)
+    clone = copy.deepcopy(ref)
+    again = ThorPreconditioned(torch.optim.SGD(clone.parameters(), lr=0.1, momentum=0.9),
+                               ThorPreconditioner(clone, damping=0.05, frequency=2, split_dim=None))
+    again.load_state_dict(copy.deepcopy(wrapped.state_dict()))  # a saved copy: torch aliases buffers
+    train_step(ref, wrapped, *batch(3))
+    train_step(clone, again, *batch(3))
+    for p, q in zip(ref.parameters(), clone.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14)
 
 
 def test_adamw_after_the_preconditioner_sees_the_preconditioned_gradient():

@@ -102,6 +102,8 @@ PRECONDITIONER_RULES: dict[str, tuple[Rule, str]] = {
     "accumulation_steps": _num(1, integer=True),
     "loss_reduction": _choice("mean", "sum"),
     "max_damping_retries": _num(0, integer=True),
+    "graft": _choice("none", "grad"),
+    "factor_samples": _num(1, integer=True, none=True),
     "grad_scaler": _any(),
     "split_indices": _any(),
     "process_group": _any(),

@@ -112,8 +112,9 @@ class LayerCapture:
     """
 
     def __init__(self, module: nn.Module, blocks: tuple[int, int], grad_scale: Callable[[], float],
-                 forward_id: Callable[[], int], mean_loss: bool = True) -> None:
+                 forward_id: Callable[[], int], mean_loss: bool = True, max_samples: int | None = None) -> None:
         self.module = module
+        self.max_samples = max_samples
         self.a_block, self.g_block = blocks
         self.groups = getattr(module, "groups", 1)
         self.dtype = factor_dtype(module.weight)
@@ -138,22 +139,25 @@ class LayerCapture:
             return
         x = inputs[0].detach()
         n = x.shape[0] if x.dim() > 1 else 1
+        # max_samples: statistics from the first m samples only (an unbiased estimate of the same means);
+        # the conv patch matrix and its outer products are most of a refresh's cost
+        m = n if self.max_samples is None or x.dim() < 2 else min(n, self.max_samples)
         with torch.autocast(x.device.type, enabled=False):
-            cols = input_columns(module, x.to(self.dtype))
+            cols = input_columns(module, x[:m].to(self.dtype))
             a = outer_blocks(cols, self.groups, self.a_block)
         self.a_sum = a if self.a_sum is None else self.a_sum + a
         self.a_rows += cols.shape[1]
         if self._last_forward != self.forward_id():
             self._last_forward = self.forward_id()
-            self.samples += n
-        output.register_hook(lambda grad: self._on_grad(grad, n))
+            self.samples += m
+        output.register_hook(lambda grad: self._on_grad(grad, n, m))
 
-    def _on_grad(self, grad: Tensor, n: int) -> None:
+    def _on_grad(self, grad: Tensor, n: int, m: int) -> None:
         # The mean-reduced loss carries 1/n per sample; multiply back by n so G holds per-sample
         # gradient statistics (MindSpore's batch^2 factor), and divide out any loss scale.
         mult = (n if self.mean_loss else 1) / self.grad_scale()
         with torch.autocast(grad.device.type, enabled=False):
-            cols = output_columns(self.module, grad.detach().to(self.dtype))
+            cols = output_columns(self.module, grad.detach()[:m].to(self.dtype))
             g = outer_blocks(cols, self.groups, self.g_block) * mult**2
         self.g_sum = g if self.g_sum is None else self.g_sum + g
         self.g_rows += cols.shape[1]

@@ -115,7 +115,8 @@ class ThorLayer:
 
 
 def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[], float],
-                forward_id: Callable[[], int], mean_loss: bool) -> dict[str, ThorLayer]:
+                forward_id: Callable[[], int], mean_loss: bool,
+                max_samples: int | None = None) -> dict[str, ThorLayer]:
     """Every trainable Conv2d/Linear (subclasses included) becomes a THOR layer. A weight shared by two
     modules keeps the plain gradient (its two Kronecker estimates would disagree), with a warning."""
     layers: dict[str, ThorLayer] = {}
@@ -133,5 +134,6 @@ def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[]
         owner[id(m.weight)] = name
         w = m.weight
         blocks = block_size(w[0].numel(), split_dim), block_size(w.shape[0] // getattr(m, "groups", 1), split_dim)
-        layers[name] = ThorLayer(name, m, LayerCapture(m, blocks, grad_scale, forward_id, mean_loss))
+        layers[name] = ThorLayer(name, m, LayerCapture(m, blocks, grad_scale, forward_id, mean_loss,
+                                                                 max_samples))
     return layers

@@ -39,7 +39,10 @@ class ThorPreconditioner:
     `loss_scale` (a fixed loss scale on the backward), `grad_scaler` (torch.amp.GradScaler: G is unscaled by
     its live scale), `accumulation_steps`, `loss_reduction` "mean" | "sum", `max_damping_retries`
     (Cholesky failures retry with 10x damping), `split_indices`/`process_group` (torch.distributed:
-    factors averaged over ranks, each inversion done on one rank and shared)."""
+    factors averaged over ranks, each inversion done on one rank and shared), `graft` "none" | "grad"
+    (layer-wise grafting: keep THOR's direction but give each layer the norm of its plain gradient, so
+    the step size follows the lr as for SGD while the curvature only steers), `factor_samples` (refresh
+    statistics from at most this many samples of the batch: a cheaper, unbiased estimate of A and G)."""
 
     def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
                  split_dim: int | None = 128, loss_scale: float = 1.0, *, factor_interval: int | None = None,
@@ -49,8 +52,10 @@ class ThorPreconditioner:
                  grad_scaler: torch.amp.GradScaler | None = None, accumulation_steps: int = 1,
                  loss_reduction: str = "mean", max_damping_retries: int = 3,
                  split_indices: Sequence[int] | None = None,
-                 process_group: dist.ProcessGroup | None = None) -> None:
-        check_thor_options(dict(damping=damping, frequency=frequency, split_dim=split_dim, loss_scale=loss_scale,
+                 process_group: dist.ProcessGroup | None = None, graft: str = "none",
+                 factor_samples: int | None = None) -> None:
+        check_thor_options(dict(graft=graft, factor_samples=factor_samples, damping=damping, frequency=frequency,
+                                split_dim=split_dim, loss_scale=loss_scale,
                                 factor_interval=factor_interval, inv_interval=inv_interval,
                                 factor_decay=factor_decay, inverse_method=inverse_method,
                                 trace_threshold=trace_threshold, interval_growth=interval_growth,
@@ -67,6 +72,7 @@ class ThorPreconditioner:
         self.max_interval_mult = max_interval_mult
         self.grad_scaler, self.accumulation_steps = grad_scaler, accumulation_steps
         self.split_indices, self.process_group = split_indices, process_group
+        self.graft = graft
         # local_inversions: inversions this rank computed (all of them in one process; a share under
         # torch.distributed, where the others arrive from their owner ranks)
         self.counters = dict(refreshes=0, skipped_refreshes=0, damping_retries=0, inverse_failures=0,
@@ -75,7 +81,8 @@ class ThorPreconditioner:
         self._forward_id = 0
         self._pre_hook = model.register_forward_pre_hook(DetachedHook(self._count_forward))
         self.layers: dict[str, ThorLayer] = find_layers(model, split_dim, self._grad_scale,
-                                                        lambda: self._forward_id, loss_reduction == "mean")
+                                                        lambda: self._forward_id, loss_reduction == "mean",
+                                                        factor_samples)
         self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
         self._arm_capture()
 
@@ -117,7 +124,10 @@ class ThorPreconditioner:
             if p.grad is not None:
                 if p.grad.is_sparse:
                     raise ConfigError("THOR does not support sparse gradients", "use dense layers")
-                p.grad.copy_(layer.precondition(p.grad))
+                g = layer.precondition(p.grad)
+                if self.graft == "grad":
+                    g = g * (p.grad.norm() / g.norm().clamp_min(torch.finfo(g.dtype).tiny))
+                p.grad.copy_(g)
         self.update_index += 1
         self._arm_capture()
 

@@ -1,0 +1,96 @@
+"""Optimizer race on THOR's tasks, built on `torchboost race` (torchboost.recipe.race): time to accuracy of
+SGD, AdamW, Muon, THOR and THOR variants, interleaved epoch by epoch, medians over seeds at each optimizer's
+best lr.
+
+    .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256            # the headline task
+    .venv/bin/python benchmarks/race.py --task resnet18/digits/b128 --seeds 3
+    .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256 --racers sgd thor thor-graft --lr thor=0.05
+
+Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Extra
+racers beyond the CLI's: THOR variants (see RACERS). Prints the table, then one line per target:
+"THOR/best-other seconds-to-target".
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torchboost.optim import THOR
+from torchboost.optim.thor.wrap import thor_muon
+from torchboost.recipe import load_config
+from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
+from torchboost.recipe.race_report import format_report, headline, summarize, write_results
+
+# The issue's headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,
+# momentum 0.9, weight decay 5e-4, no label smoothing; THOR damping 0.1, frequency 10, split 128.
+TASKS = {
+    "mnist_cnn/mnist5k/b256": dict(
+        recipe="mnist-lenet-thor", targets=(0.975, 0.98),
+        overrides=["train.epochs=40", "data.batch_size=256", "data.random_shift=2", "train.label_smoothing=0.0",
+                   "optim.weight_decay=0.0005", "optim.momentum=0.9", "schedule.mode=cosine",
+                   "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
+    # BatchNorm ResNet on real data: ResNet-18 (3x3 stem) on scikit-learn's digits, batch 128, 15 epochs.
+    "resnet18/digits/b128": dict(
+        recipe="digits-lenet", targets=(0.975, 0.99),
+        overrides=["model.name=resnet18", "model.small_input=true", "train.epochs=15", "data.batch_size=128",
+                   "train.label_smoothing=0.0", "optim.weight_decay=0.0005", "optim.momentum=0.9",
+                   "schedule.mode=cosine", "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
+}
+
+
+def thor_variant(name: str, cfg, lrs, **extra) -> Racer:
+    """THOR with the task's options plus `extra` (a variant being measured)."""
+    o = cfg.optim
+
+    def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+        return THOR(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, **{**o.thor, **extra})
+    return Racer(name, lrs, build)
+
+
+def thor_muon_racer(cfg, lrs) -> Racer:
+    def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, **cfg.optim.thor)
+    return Racer("thor-muon", lrs, build)
+
+
+RACERS = {
+    "thor-graft": lambda cfg, lrs: thor_variant("thor-graft", cfg, lrs or (0.02, 0.05, 0.1), graft="grad"),
+    "thor-muon": lambda cfg, lrs: thor_muon_racer(cfg, lrs or DEFAULT_LRS["muon"]),
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", choices=list(TASKS), default="mnist_cnn/mnist5k/b256")
+    p.add_argument("--racers", nargs="+", default=["sgd", "adamw", "muon", "thor"],
+                   help=f"sgd adamw muon thor {' '.join(RACERS)}")
+    p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, help="override the task's epoch budget")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--output", default="runs/bench-race")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    task = TASKS[args.task]
+    cfg = load_config(task["recipe"], task["overrides"])
+    grids = parse_lr_grids(args.lr)
+    racers = [RACERS[n](cfg, grids.get(n)) if n in RACERS else builtin_racer(n, cfg, grids.get(n))
+              for n in args.racers]
+    print(f"{args.task}: targets {task['targets']}, {args.seeds} seeds, racers " +
+          "; ".join(f"{r.name} lrs {r.lrs}" for r in racers), flush=True)
+    lanes = run_race(cfg, racers, range(args.seeds), task["targets"], epochs=args.epochs,
+                     log=lambda m: print(m, flush=True))
+    summary = summarize(lanes, task["targets"])
+    print(format_report(summary, args.threads))
+    out = Path(args.output) / args.task.replace("/", "_")
+    write_results(lanes, summary, {"task": args.task, "overrides": task["overrides"], "racers": args.racers}, out)
+    for name in (r.name for r in racers if r.name.startswith("thor")):
+        print(headline(summary, name))
+
+
+if __name__ == "__main__":
+    main()

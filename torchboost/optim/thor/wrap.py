@@ -1,0 +1,64 @@
+"""Any torch optimizer preconditioned by THOR, as one Optimizer object (for trainers and checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from torchboost.optim.thor.preconditioner import ThorPreconditioner
+
+
+class ThorPreconditioned(torch.optim.Optimizer):
+    """`step()` = `preconditioner.step()` then `optimizer.step()`. Shares the inner optimizer's param groups
+    and state, so lr schedules, `zero_grad` and `lr_scale` keys act on it directly."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, preconditioner: ThorPreconditioner) -> None:
+        # no super().__init__: the inner optimizer owns groups and state; hooks-free Optimizer use only
+        self.optimizer, self.preconditioner = optimizer, preconditioner
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._optimizer_state_dict_pre_hooks, self._optimizer_state_dict_post_hooks = {}, {}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+
+    param_groups = property(lambda self: self.optimizer.param_groups)
+    state = property(lambda self: self.optimizer.state)
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        return self.preconditioner.grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:  # the trainer attaches its scaler
+        self.preconditioner.grad_scaler = scaler
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.preconditioner.step()
+        self.optimizer.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "thor": self.preconditioner.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self.preconditioner.load_state_dict(state_dict["thor"])
+
+
+def thor_muon(model: nn.Module, lr: float, momentum: float = 0.95, weight_decay: float = 0.0,
+              nesterov: bool = True, **thor_options: Any) -> ThorPreconditioned:
+    """Muon (hidden weights) + AdamW (input layer, head, biases) on THOR-preconditioned gradients:
+    G^-1 grad A^-1 is orthogonalised instead of the raw gradient."""
+    from torchboost.optim.muon import muon_optimizer
+
+    pre = ThorPreconditioner(model, **thor_options)
+    return ThorPreconditioned(muon_optimizer(model, lr, momentum, weight_decay, nesterov), pre)
