@@ -30,6 +30,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,7 +38,7 @@ from torch import nn
 from torchboost.errors import CheckpointError, ConfigError
 
 from .options import DimReduceOptions
-from .pca import build_pca_basis, checkpoint_files, load_basis, save_basis
+from .pca import build_pca_basis, checkpoint_files, save_basis
 
 
 class DimReduce(torch.optim.Optimizer):
@@ -158,7 +159,7 @@ def build_dim_reduce(model: nn.Module, options: DimReduceOptions) -> DimReduce:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     path = options.pca_mat_path
     if path is not None and Path(path).is_file():
-        basis = load_basis(path)
+        basis = read_basis(path)
         if basis.shape[0] != options.n_components:
             raise ConfigError(f"dim_reduce basis {path} has {basis.shape[0]} components, "
                               f"n_components is {options.n_components}",
@@ -175,3 +176,24 @@ def build_dim_reduce(model: nn.Module, options: DimReduceOptions) -> DimReduce:
         dist.broadcast(basis, src=0)  # one basis for all ranks, whatever each rank's LAPACK rounding
     return DimReduce([p for _, p in named], basis, rho=options.rho, gamma=options.gamma, alpha=options.alpha,
                      sigma=options.sigma, buffers=list(model.buffers()))
+
+
+def read_basis(path: str | Path) -> torch.Tensor:
+    """The basis in `path` (.npy, n_components x n_params), read without unpickling: a file holding an object
+    array, a pickle, another array type or shape is a CheckpointError naming the file, not a traceback."""
+    fix = ("it must hold a float matrix (n_components x n_params) written by np.save; delete it to rebuild it "
+           "from weight_load_dir")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as e:  # numpy's "Object arrays cannot be loaded when allow_pickle=False", bad headers
+        what = "holds an object array" if "object arrays" in str(e).lower() else "is not a readable .npy array"
+        raise CheckpointError(f"dim_reduce pca_mat_path {path} {what}", fix) from None
+    except (OSError, EOFError) as e:  # unreadable, empty or truncated
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise CheckpointError(f"dim_reduce pca_mat_path {path} cannot be read ({reason})", fix) from None
+    if not isinstance(array, np.ndarray):  # an .npz archive
+        array.close()
+        raise CheckpointError(f"dim_reduce pca_mat_path {path} holds an .npz archive, not one array", fix)
+    if array.dtype.kind != "f" or array.ndim != 2:
+        raise CheckpointError(f"dim_reduce pca_mat_path {path} holds a {array.ndim}-D {array.dtype} array", fix)
+    return torch.from_numpy(array).float()
