@@ -198,10 +198,10 @@ class _Machine:
         return self.stack[-1]
 
     def find(self, module: Any, name: Any) -> Any:
-        fn = self.allowed.get((module, name))
+        fn = self.allowed.get((module, name)) if isinstance(module, str) and isinstance(name, str) else None
         if fn is None:
-            raise Refused(f"refuses global {module}.{name}: only numpy arrays, dtypes and plain containers "
-                          "are allowed")
+            raise Refused(f"refuses global {str(module)[:80]}.{str(name)[:80]}: only numpy arrays, dtypes and "
+                          "plain containers are allowed")
         return fn
 
     def run(self) -> Any:
