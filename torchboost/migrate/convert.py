@@ -88,6 +88,7 @@ def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def save_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) -> None:
+    """Write {name: tensor} in the format `path`'s extension names, atomically, names as given."""
     kind = file_kind(path)
     if kind == "ckpt":
         save_mindspore_ckpt(path, state)

@@ -41,7 +41,8 @@ def _model_kwargs(arch: str, shapes: dict[str, tuple[int, ...]], num_classes: in
 
 @functools.lru_cache(maxsize=16)
 def paddle_layout(arch: str, kwargs: tuple) -> tuple[tuple[str, str | None, tuple[int, ...]], ...]:
-    """(torch name, paddle name or None, torch shape) for every state-dict entry of `arch`."""
+    """(torch name, paddle name or None, torch shape) for every state-dict entry of `arch` built with
+    `kwargs`, the sorted create_model keyword items (a tuple, so the result can be cached)."""
     if arch not in PADDLE_ARCHS:
         raise ConfigError(f"no PaddlePaddle name map for {arch!r}", f"use one of {', '.join(PADDLE_ARCHS)}")
     with torch.device("meta"):
