@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -83,7 +82,7 @@ def mindspore_checks(py: str, work: Path, quick: bool) -> list[tuple[str, float]
                                                                                           d / "net.pt", x), want)))
         if arch == "resnet50":  # what a user got before padding="same": the same weights, torch padding
             plain = create_model(arch, num_classes=classes, init="mindspore")
-            rows.append((f"  (same weights, padding='torch')", rel(torch_outputs(plain, d / "net.pt", x), want)))
+            rows.append(("  (same weights, padding='torch')", rel(torch_outputs(plain, d / "net.pt", x), want)))
         # reverse: a torchboost model -> .ckpt -> the zoo network
         kw = {"padding": "same"} if arch == "resnet50" else {}
         m = randomized(arch, num_classes=classes, init="mindspore", **kw)
