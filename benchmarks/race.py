@@ -4,11 +4,11 @@ best lr.
 
     .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256            # the headline task
     .venv/bin/python benchmarks/race.py --task resnet18/digits/b128 --seeds 3
-    .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256 --racers sgd thor thor-graft --lr thor=0.05
+    .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor-muon --lr muon=0.02
 
-Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Extra
-racers beyond the CLI's: THOR variants (see RACERS). Prints the table, then one line per target:
-"THOR/best-other seconds-to-target".
+Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Beyond
+the CLI's racers: THOR variants with extra options, e.g. `thor[graft=grad]`, `thor-muon[factor_samples=64]`.
+Prints the table, then per THOR racer one line "THOR/best-other seconds-to-target".
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from torchboost.optim import THOR
@@ -51,23 +52,32 @@ def thor_variant(name: str, cfg, lrs, **extra) -> Racer:
     return Racer(name, lrs, build)
 
 
-def thor_muon_racer(cfg, lrs) -> Racer:
+def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
     def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
-        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, **cfg.optim.thor)
-    return Racer("thor-muon", lrs, build)
+        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, **{**cfg.optim.thor, **extra})
+    return Racer(name, lrs, build)
 
 
-RACERS = {
-    "thor-graft": lambda cfg, lrs: thor_variant("thor-graft", cfg, lrs or (0.02, 0.05, 0.1), graft="grad"),
-    "thor-muon": lambda cfg, lrs: thor_muon_racer(cfg, lrs or DEFAULT_LRS["muon"]),
+VARIANTS = {
+    "thor": lambda name, cfg, lrs, **kw: thor_variant(name, cfg, lrs or DEFAULT_LRS["thor"], **kw),
+    "thor-muon": lambda name, cfg, lrs, **kw: thor_muon_variant(name, cfg, lrs or DEFAULT_LRS["muon"], **kw),
 }
+
+
+def make_racer(name: str, cfg, lrs) -> Racer:
+    """A built-in racer, or a THOR variant with extra options: `thor[graft=grad]`, `thor-muon[factor_samples=64]`."""
+    base, _, opts = name.partition("[")
+    extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
+    if extra:
+        return VARIANTS[base](name, cfg, lrs, **extra)
+    return builtin_racer(base, cfg, lrs)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", choices=list(TASKS), default="mnist_cnn/mnist5k/b256")
     p.add_argument("--racers", nargs="+", default=["sgd", "adamw", "muon", "thor"],
-                   help=f"sgd adamw muon thor {' '.join(RACERS)}")
+                   help="sgd adamw muon thor thor-muon, or a THOR variant: 'thor[graft=grad]'")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, help="override the task's epoch budget")
@@ -78,8 +88,7 @@ def main() -> None:
     task = TASKS[args.task]
     cfg = load_config(task["recipe"], task["overrides"])
     grids = parse_lr_grids(args.lr)
-    racers = [RACERS[n](cfg, grids.get(n)) if n in RACERS else builtin_racer(n, cfg, grids.get(n))
-              for n in args.racers]
+    racers = [make_racer(n, cfg, grids.get(n)) for n in args.racers]
     print(f"{args.task}: targets {task['targets']}, {args.seeds} seeds, racers " +
           "; ".join(f"{r.name} lrs {r.lrs}" for r in racers), flush=True)
     lanes = run_race(cfg, racers, range(args.seeds), task["targets"], epochs=args.epochs,

@@ -1,6 +1,7 @@
 """ThorPreconditioner: `.grad` rewritten in place to the float64 dense K-FAC direction (refresh steps and
 stored-inverse reuse), other gradients untouched; THOR equals the preconditioner + torch's momentum SGD;
-any torch optimizer can follow it; check_thor_options validates without a model."""
+any torch optimizer can follow it (thor_muon: Muon on the preconditioned gradient); grafting and factor
+subsampling; check_thor_options validates without a model."""
 
 import copy
 
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from torchboost.errors import ConfigError
-from torchboost.optim.thor import THOR, ThorPreconditioned, ThorPreconditioner, check_thor_options
+from torchboost.optim import muon_optimizer
+from torchboost.optim.thor import THOR, ThorPreconditioned, ThorPreconditioner, check_thor_options, thor_muon
 from thor_nets import batch, direction, linear_stats, mlp, train_step
 
 
@@ -141,3 +144,22 @@ def test_check_thor_options_names_the_key_and_the_allowed_range():
         check_thor_options({"lr": 0.1}, preconditioner_only=True)
     with pytest.raises(ConfigError, match="unknown THOR option 'frequncy'"):  # constructors share the checks
         THOR(mlp(), lr=0.1, damping=0.1, frequncy=3)
+
+
+def test_thor_muon_orthogonalises_the_dense_kfac_direction():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    ref = copy.deepcopy(net)
+    opt = thor_muon(net, lr=0.02, weight_decay=1e-2, damping=0.1, frequency=1, split_dim=None)
+    ref_opt = muon_optimizer(ref, lr=0.02, weight_decay=1e-2)  # Muon for net[2], AdamW for the rest
+    for k in range(2):
+        x, y = batch(k)
+        stats = linear_stats(ref, x, y)
+        ref_opt.zero_grad()
+        for i, A, G, grad, bias_grad in stats:
+            ref[i].weight.grad = torch.from_numpy(direction(A, G, grad, 0.1))
+            ref[i].bias.grad = torch.from_numpy(bias_grad.copy())
+        ref_opt.step()
+        train_step(net, opt, x, y)
+    for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-7, atol=1e-9, err_msg=n)

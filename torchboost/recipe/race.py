@@ -25,13 +25,14 @@ from torchboost.errors import ConfigError, suggest
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model
 from torchboost.optim import THOR, build_lr_schedule, muon_optimizer, param_groups
+from torchboost.optim.thor import thor_muon
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
 from torchboost.train.step import TrainStep
 
 BuildFn = Callable[[nn.Module, float, int], torch.optim.Optimizer]  # (model, lr, total updates) -> optimizer
 DEFAULT_LRS = {"sgd": (0.01, 0.02, 0.05), "adamw": (0.001, 0.002, 0.005), "muon": (0.01, 0.02, 0.05),
-               "thor": (0.01, 0.02, 0.05)}
+               "thor": (0.01, 0.02, 0.05), "thor-muon": (0.01, 0.02, 0.05)}
 
 
 @dataclass
@@ -47,7 +48,8 @@ class Racer:
 
 
 def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
-    """sgd | adamw | muon | thor, with the recipe's momentum, nesterov, weight decay and `optim.thor`."""
+    """sgd | adamw | muon | thor | thor-muon, with the recipe's momentum, nesterov, weight decay and
+    `optim.thor` (Muon keeps its own momentum 0.95 and nesterov)."""
     o = cfg.optim
     wd = o.weight_decay
 
@@ -65,7 +67,10 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
         kw = {"damping": 0.03, **o.thor}
         return THOR(model, lr=lr, momentum=o.momentum, weight_decay=wd, use_nesterov=o.nesterov, **kw)
 
-    builders = {"sgd": sgd, "adamw": adamw, "muon": muon, "thor": thor}
+    def thor_muon_(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+        return thor_muon(model, lr, weight_decay=wd, **{"damping": 0.03, **o.thor})
+
+    builders = {"sgd": sgd, "adamw": adamw, "muon": muon, "thor": thor, "thor-muon": thor_muon_}
     if name not in builders:
         raise ConfigError(f"unknown race optimizer '{name}'", suggest(name, list(builders)))
     return Racer(name, tuple(lrs or DEFAULT_LRS[name]), builders[name])
@@ -103,7 +108,7 @@ def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     """["sgd=0.01,0.02", "muon=0.02"] -> {"sgd": (0.01, 0.02), "muon": (0.02,)}."""
     grids = {}
     for item in items:
-        name, _, values = item.partition("=")
+        name, _, values = item.rpartition("=")
         try:
             grids[name.strip()] = tuple(float(v) for v in values.split(","))
         except ValueError:
