@@ -91,12 +91,14 @@ def main() -> None:
     racers = [make_racer(n, cfg, grids.get(n)) for n in args.racers]
     print(f"{args.task}: targets {task['targets']}, {args.seeds} seeds, racers " +
           "; ".join(f"{r.name} lrs {r.lrs}" for r in racers), flush=True)
+    out = Path(args.output) / args.task.replace("/", "_")
+    meta = {"task": args.task, "overrides": task["overrides"], "racers": args.racers}
     lanes = run_race(cfg, racers, range(args.seeds), task["targets"], epochs=args.epochs,
-                     log=lambda m: print(m, flush=True))
+                     log=lambda m: print(m, flush=True),
+                     on_round=lambda ls: write_results(ls, summarize(ls, task["targets"]), meta, out))
     summary = summarize(lanes, task["targets"])
     print(format_report(summary, args.threads))
-    out = Path(args.output) / args.task.replace("/", "_")
-    write_results(lanes, summary, {"task": args.task, "overrides": task["overrides"], "racers": args.racers}, out)
+    write_results(lanes, summary, meta, out)
     for name in (r.name for r in racers if r.name.startswith("thor")):
         print(headline(summary, name))
 

@@ -162,15 +162,21 @@ def _cmd_race(args: argparse.Namespace) -> int:
     grids = parse_lr_grids(args.lr or [])
     racers = [builtin_racer(name, cfg, grids.get(name)) for name in args.optimizers]
     targets = tuple(args.targets)
-    lanes = run_race(cfg, racers, range(args.seeds), targets, epochs=args.epochs, time_budget_s=args.time_budget,
-                     stop_at_targets=not args.full_budget)
-    summary = summarize(lanes, targets)
-    print(format_report(summary, args.threads))
-    if "thor" in args.optimizers and len(racers) > 1:
-        print(headline(summary, "thor"))
     meta = {"recipe": args.config, "overrides": args.set or [], "targets": targets, "seeds": args.seeds,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget}
-    json_path, png = write_results(lanes, summary, meta, Path(args.output or f"runs/race-{cfg.name}"))
+    out = Path(args.output or f"runs/race-{cfg.name}")
+
+    def save(lanes: list) -> tuple[Path, Path]:
+        return write_results(lanes, summarize(lanes, targets), meta, out)
+
+    lanes = run_race(cfg, racers, range(args.seeds), targets, epochs=args.epochs, time_budget_s=args.time_budget,
+                     stop_at_targets=not args.full_budget, on_round=save)
+    summary = summarize(lanes, targets)
+    print(format_report(summary, args.threads))
+    for name in args.optimizers:
+        if name.startswith("thor") and len(racers) > 1:
+            print(headline(summary, name))
+    json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
     return 0
 

@@ -172,8 +172,10 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds, epochs: int
 
 def run_race(cfg: Config, racers: list[Racer], seeds: Iterable[int], targets: tuple[float, ...],
              epochs: int | None = None, time_budget_s: float | None = None, stop_at_targets: bool = True,
-             log: Callable[[str], None] = print) -> list[Lane]:
-    """Race every (racer, lr, seed), interleaved epoch by epoch; returns the finished lanes (history per
+             log: Callable[[str], None] = print,
+             on_round: Callable[[list[Lane]], None] | None = None) -> list[Lane]:
+    """Race every (racer, lr, seed), interleaved epoch by epoch; `on_round(lanes)` after each round of
+    epochs. Returns the finished lanes (history per
     epoch: epoch, seconds (cumulative training time), val_top_1_accuracy, train_loss, order (position in
     the interleaved sequence of all runs' epochs))."""
     if not racers or not targets:
@@ -207,6 +209,8 @@ def run_race(cfg: Config, racers: list[Racer], seeds: Iterable[int], targets: tu
             best[l.racer] = max(best.get(l.racer, 0.0), top)
         log(f"epoch {epoch + 1}/{epochs}: {len(alive)} runs; best so far " +
             ", ".join(f"{k} {v:.2%}" for k, v in best.items()))
+        if on_round is not None:  # e.g. save partial results: a stopped race keeps what it measured
+            on_round(lanes)
     for lane in lanes:
         lane.stopped = lane.stopped or "epoch budget"
     return lanes
