@@ -48,8 +48,9 @@ class TrainState:
     def epoch_sums(self) -> dict[str, Any]:
         """The epoch's running sums as saved in a checkpoint: the tensors themselves (resume adds to the very
         same fp32 values, so the resumed epoch's train metrics are bit-identical), or the initial numbers."""
-        cpu = [v.detach().cpu() if isinstance(v, torch.Tensor) else v for v in (self.epoch_loss_sum, self.epoch_correct)]
-        return {"loss_sum": cpu[0], "samples": self.epoch_samples, "correct": cpu[1]}
+        loss_sum, correct = (v.detach().cpu() if isinstance(v, torch.Tensor) else v
+                             for v in (self.epoch_loss_sum, self.epoch_correct))
+        return {"loss_sum": loss_sum, "samples": self.epoch_samples, "correct": correct}
 
     def loss_is_finite(self) -> bool:
         """The last update's loss and the epoch's sum are finite (an update skipped as non-finite is not

@@ -1,8 +1,8 @@
 """TrainStep: one optimizer update, as one readable function. Subclass it (or replace it) for custom steps.
 
 forward (autocast) -> loss / n_micro -> scaled backward (no DDP sync until the last micro-batch)
--> non-finite loss check (stop, or skip the update) -> unscale -> [overflow check] -> hooks.on_gradients -> clip -> hooks.before_optimizer
--> optimizer.step -> hooks.after_optimizer -> scaler.update -> zero_grad -> EMA
+-> non-finite loss check (stop, or skip the update) -> unscale -> [overflow check] -> hooks.on_gradients
+-> clip -> hooks.before_optimizer -> optimizer.step -> hooks.after_optimizer -> scaler.update -> zero_grad -> EMA
 """
 
 from __future__ import annotations
