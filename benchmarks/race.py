@@ -22,7 +22,7 @@ from torch import nn
 
 from torchboost.optim import THOR
 from torchboost.optim.thor.wrap import thor_muon
-from torchboost.recipe import load_config
+from torchboost.recipe import load_resolved
 from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
 from torchboost.recipe.race_report import format_report, headline, summarize, write_results
 
@@ -37,7 +37,7 @@ TASKS = {
     # BatchNorm ResNet on real data: ResNet-18 (3x3 stem) on scikit-learn's digits, batch 128, 15 epochs.
     "resnet18/digits/b128": dict(
         recipe="digits-lenet", targets=(0.975, 0.99),
-        overrides=["model.name=resnet18", "model.small_input=true", "train.epochs=15", "data.batch_size=128",
+        overrides=["model.name=resnet18", "model.small_input=true", "optim.name=thor", "train.epochs=15", "data.batch_size=128",
                    "train.label_smoothing=0.0", "optim.weight_decay=0.0005", "optim.momentum=0.9",
                    "schedule.mode=cosine", "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
 }
@@ -86,14 +86,14 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     task = TASKS[args.task]
-    cfg = load_config(task["recipe"], task["overrides"])
+    cfg, train_ds, eval_ds = load_resolved(task["recipe"], task["overrides"])
     grids = parse_lr_grids(args.lr)
     racers = [make_racer(n, cfg, grids.get(n)) for n in args.racers]
     print(f"{args.task}: targets {task['targets']}, {args.seeds} seeds, racers " +
           "; ".join(f"{r.name} lrs {r.lrs}" for r in racers), flush=True)
     out = Path(args.output) / args.task.replace("/", "_")
     meta = {"task": args.task, "overrides": task["overrides"], "racers": args.racers}
-    lanes = run_race(cfg, racers, range(args.seeds), task["targets"], epochs=args.epochs,
+    lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), task["targets"], epochs=args.epochs,
                      log=lambda m: print(m, flush=True),
                      on_round=lambda ls: write_results(ls, summarize(ls, task["targets"]), meta, out))
     summary = summarize(lanes, task["targets"])

@@ -153,12 +153,12 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .recipe import load_config
+    from .recipe import load_resolved
     from .recipe.race import builtin_racer, parse_lr_grids, run_race
     from .recipe.race_report import format_report, headline, summarize, write_results
 
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
-    cfg = load_config(args.config, args.set or [])
+    cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
     grids = parse_lr_grids(args.lr or [])
     racers = [builtin_racer(name, cfg, grids.get(name)) for name in args.optimizers]
     targets = tuple(args.targets)
@@ -169,8 +169,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
     def save(lanes: list) -> tuple[Path, Path]:
         return write_results(lanes, summarize(lanes, targets), meta, out)
 
-    lanes = run_race(cfg, racers, range(args.seeds), targets, epochs=args.epochs, time_budget_s=args.time_budget,
-                     stop_at_targets=not args.full_budget, on_round=save)
+    lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), targets, epochs=args.epochs,
+                     time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save)
     summary = summarize(lanes, targets)
     print(format_report(summary, args.threads))
     for name in args.optimizers:

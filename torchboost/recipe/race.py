@@ -11,24 +11,25 @@ training-time budget, divergence, or (by default) once it reached every target.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from torchboost.data import build_loader, load_builtin, load_mnist_idx, load_paddle_json
+from torch.utils.data import Dataset
+
+from torchboost.data import build_loader
 from torchboost.errors import ConfigError, suggest
-from torchboost.losses import CrossEntropySmooth
-from torchboost.models import create_model
-from torchboost.optim import THOR, build_lr_schedule, muon_optimizer, param_groups
+from torchboost.optim import THOR, muon_optimizer, param_groups
 from torchboost.optim.thor import thor_muon
+from torchboost.recipe.build import build_loss, build_model, build_schedule
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
-from torchboost.train.step import TrainStep
+from torchboost.train.step import TrainStep, prepare_input
 
 BuildFn = Callable[[nn.Module, float, int], torch.optim.Optimizer]  # (model, lr, total updates) -> optimizer
 DEFAULT_LRS = {"sgd": (0.01, 0.02, 0.05), "adamw": (0.001, 0.002, 0.005), "muon": (0.01, 0.02, 0.05),
@@ -76,34 +77,6 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
     return Racer(name, tuple(lrs or DEFAULT_LRS[name]), builders[name])
 
 
-def race_data(cfg: Config) -> tuple:
-    """(training set, evaluation images, evaluation labels) of an in-memory data set."""
-    d = cfg.data
-    loaders = {"mnist5k": lambda s: load_builtin("mnist5k", s), "digits": lambda s: load_builtin("digits", s),
-               "mnist_idx": lambda s: load_mnist_idx(Path(d.path), s),
-               "paddle_json": lambda s: load_paddle_json(Path(d.path), s)}
-    if d.dataset not in loaders:
-        raise ConfigError(f"race runs on in-memory data sets, not data.dataset={d.dataset}",
-                          f"use one of {', '.join(loaders)} (export a folder with `torchboost export-folder`)")
-    train, test = loaders[d.dataset]("train"), loaders[d.dataset]("test")
-    train.shift = d.random_shift
-    test.set_stats(train.mean, train.std)  # evaluate with the training statistics, as training does
-    x, y = test.__getitems__(range(len(test)))
-    return train, x, y
-
-
-def race_model(cfg: Config, image_size: int) -> nn.Module:
-    """The recipe's network (in-memory data: its native image size)."""
-    m = cfg.model
-    if m.name == "mnist_cnn":
-        kw: dict = {"image_size": image_size}
-    else:
-        kw = {"small_input": m.small_input, "zero_init_last_bn": m.zero_init_last_bn}
-        if m.init is not None:
-            kw["init"] = m.init
-    return create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
-
-
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     """["sgd=0.01,0.02", "muon=0.02"] -> {"sgd": (0.01, 0.02), "muon": (0.02,)}."""
     grids = {}
@@ -144,47 +117,52 @@ class Lane:
         return float(loss)
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> float:
+    def evaluate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         self.model.eval()
-        hits = sum(int((self.model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum()) for i in range(0, len(x), batch))
-        return hits / len(y)
+        hits = sum(int((self.model(x).argmax(1) == y).sum()) for x, y in batches)
+        return hits / sum(len(y) for _, y in batches)
 
 
-def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds, epochs: int) -> Lane:
+def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) -> Lane:
     seed_everything(seed)  # the same initial weights for every racer and lr of this seed
-    model = race_model(cfg, train_ds.images.shape[-1])
+    model = build_model(cfg)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
     steps = len(loader)
-    s = cfg.schedule
-    schedule = build_lr_schedule(s.mode, lr, steps * epochs, steps, warmup_epochs=s.warmup_epochs,
-                                 lr_init=s.lr_init, lr_end=s.lr_end, milestones=s.milestones, gamma=s.gamma,
-                                 power=s.power)
-    opt = racer.build(model, lr, steps * epochs)
-    loss_fn = CrossEntropySmooth(sparse=True, reduction="mean", smooth_factor=cfg.train.label_smoothing,
-                                 num_classes=cfg.model.num_classes)
+    schedule = build_schedule(cfg, lr, steps)
+    opt = racer.build(model, lr, steps * cfg.train.epochs)
+    loss_fn = build_loss(cfg)
     if racer.make_step is not None:
         step = racer.make_step(model, loss_fn, opt, schedule)
     else:
-        train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule)
+        norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+        train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
     return Lane(racer.name, lr, seed, model, step, loader)
 
 
-def run_race(cfg: Config, racers: list[Racer], seeds: Iterable[int], targets: tuple[float, ...],
+def _eval_batches(cfg: Config, eval_ds: Dataset) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation set, loaded once and shared by every run (small data: a race is for quick sets)."""
+    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+    loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers)
+    return [(prepare_input(x, torch.device("cpu"), input_norm=norm), y) for x, y in loader]
+
+
+def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Racer], seeds: Iterable[int],
+             targets: tuple[float, ...],
              epochs: int | None = None, time_budget_s: float | None = None, stop_at_targets: bool = True,
              log: Callable[[str], None] = print,
              on_round: Callable[[list[Lane]], None] | None = None) -> list[Lane]:
-    """Race every (racer, lr, seed), interleaved epoch by epoch; `on_round(lanes)` after each round of
+    """Race every (racer, lr, seed) on a resolved config and its data sets (`recipe.load_resolved`),
+    interleaved epoch by epoch; `on_round(lanes)` after each round of
     epochs. Returns the finished lanes (history per
     epoch: epoch, seconds (cumulative training time), val_top_1_accuracy, train_loss, order (position in
     the interleaved sequence of all runs' epochs))."""
     if not racers or not targets:
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
-    if cfg.schedule.mode == "thor":
-        raise ConfigError("race does not take schedule.mode=thor", "use cosine, poly, step or constant")
-    epochs = epochs or cfg.train.epochs
-    train_ds, xt, yt = race_data(cfg)
-    lanes = [_lane(cfg, r, lr, seed, train_ds, epochs) for seed in seeds for r in racers for lr in r.lrs]
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs or cfg.train.epochs))
+    epochs = cfg.train.epochs
+    evaluation = _eval_batches(cfg, eval_ds)
+    lanes = [_lane(cfg, r, lr, seed, train_ds) for seed in seeds for r in racers for lr in r.lrs]
     order = 0  # global position of each trained epoch: the record of the interleaving
     for epoch in range(epochs):
         alive = [l for l in lanes if not l.stopped]
@@ -193,7 +171,7 @@ def run_race(cfg: Config, racers: list[Racer], seeds: Iterable[int], targets: tu
         shift = epoch % len(alive)  # rotate who goes first, so no racer always follows an evaluation
         for lane in alive[shift:] + alive[:shift]:
             loss = lane.train_epoch(epoch)
-            acc = lane.evaluate(xt, yt)
+            acc = lane.evaluate(evaluation)
             lane.history.append({"epoch": epoch + 1, "seconds": lane.seconds, "val_top_1_accuracy": acc,
                                  "train_loss": loss, "order": order})
             order += 1
