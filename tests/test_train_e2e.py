@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchboost.cli import main
-from torchboost.recipe.config import load_config
+from torchboost.recipe.load import load_config
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 from torchboost.recipe.run import train_from_config
 
@@ -22,7 +22,7 @@ def _cfg(tmp, *extra):
     return load_config("digits-lenet", FAST + [f"output={tmp}", *extra])
 
 
-def _final_weights(out: Path, prefix="digits") -> dict:
+def _final_weights(out: Path, prefix="mnist_cnn") -> dict:
     return load_checkpoint(list_checkpoints(out / "ckpt", prefix)[-1])["model"]
 
 
@@ -53,16 +53,16 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     ckdir = tmp_path / "run" / "ckpt"
     deadline = time.time() + 120
     while time.time() < deadline:  # kill as soon as a mid-epoch checkpoint of epoch >= 2 exists
-        mids = [p for p in ckdir.glob("digits-*.ckpt") if not p.name.endswith("_45.ckpt")
+        mids = [p for p in ckdir.glob("mnist_cnn-*_*.pt") if not p.name.endswith("_44.pt")
                 and int(p.name.split("-")[1].split("_")[0]) >= 2]
         if mids:
             break
         time.sleep(0.02)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(30) == -signal.SIGKILL, "the run finished before it could be killed"
-    for p in list_checkpoints(ckdir, "digits"):  # nothing corrupt: every visible checkpoint loads
+    for p in list_checkpoints(ckdir, "mnist_cnn"):  # nothing corrupt: every visible checkpoint loads
         load_checkpoint(p)
-    last = list_checkpoints(ckdir, "digits")[-1]
+    last = list_checkpoints(ckdir, "mnist_cnn")[-1]
     resumed = _cli(*common, "--output", str(tmp_path / "run"), "--resume", str(last))
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
@@ -82,8 +82,9 @@ def test_default_job_reaches_97_percent(tmp_path, capsys):
     assert acc >= 0.97, text[-2000:]
     assert (tmp_path / "history.png").stat().st_size > 1000
     assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 12
-    assert len(list((tmp_path / "ckpt").glob("*.ckpt"))) == 3  # keep_max
-    ckpt = str(list_checkpoints(tmp_path / "ckpt", "mnist")[-1])
+    assert len(list((tmp_path / "ckpt").glob("mnist_cnn-*_*.pt"))) == 3  # keep_max
+    assert (tmp_path / "ckpt" / "mnist_cnn-best.pt").is_file()
+    ckpt = str(list_checkpoints(tmp_path / "ckpt", "mnist_cnn")[-1])
     assert main(["eval", "--checkpoint", ckpt]) == 0
     line = capsys.readouterr().out
     assert f"top_1_accuracy={acc:.4f}" in line and "samples=1000" in line
@@ -120,53 +121,15 @@ def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
             for i in range(4):
                 Image.new("L", (12, 12), color=30 * i).save(d / f"{i}.png")
     (root / "train" / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
-    args = ["train", "--output", str(tmp_path / "out"), "--set", "data.dataset=folder", "--data", str(root),
-            "--set", "data.image_size=12", "--set", "data.num_classes=2", "--set", "model.num_classes=2",
+    args = ["train", "--output", str(tmp_path / "out"), "--data", str(root), "--set", "data.image_size=12",
             "--set", "train.epochs=1", "--set", "train.progress_bar=false", "--set", "data.batch_size=4"]
     assert "bad.png" in _error_line(capsys, args)
-    assert main(args + ["--set", "data.skip_corrupt=true"]) == 0
-    capsys.readouterr()
-    # A checkpoint of a 2-class model resumed into a 10-class model names the first mismatching tensor.
-    ckpt = list_checkpoints(tmp_path / "out" / "ckpt", "mnist")[-1]
+    assert main(args + ["--set", "data.skip_corrupt=true", "--overwrite"]) == 0
+    assert "skipped 1 corrupt image(s)" in capsys.readouterr().out
+    # A checkpoint of a 2-class model resumed into a 10-class run is refused, naming both.
+    ckpt = list_checkpoints(tmp_path / "out" / "ckpt", "mnist_cnn")[-1]
     err = _error_line(capsys, ["train", "--resume", str(ckpt), "--output", str(tmp_path / "o2")])
+    assert "model.num_classes=2" in err and "10" in err
+    # Its weights in a network of another shape name the first mismatching tensor.
+    err = _error_line(capsys, ["train", "--set", f"train.init_weights={ckpt}", "--output", str(tmp_path / "o3")])
     assert "fc.weight" in err and "(2, 180)" in err
-
-
-def test_thor_and_boost_through_the_recipe_path(tmp_path):
-    thor = train_from_config(_cfg(tmp_path / "thor", "train.epochs=3", "schedule.mode=cosine", "optim.name=thor", "optim.lr=0.02",
-                                  "optim.thor={damping: 0.03, frequency: 20}"))
-    assert thor.eval_results["val_top_1_accuracy"] >= 0.95
-    ckpt = load_checkpoint(thor.last_checkpoint)
-    assert ckpt["optimizer"]["state"]  # THOR's factors/inverses travel in the checkpoint
-    boost = train_from_config(_cfg(tmp_path / "o1", "train.epochs=2", "boost.level=O1",
-                                   "boost.config={grad_freeze: {param_groups: 2}}"))
-    assert boost.eval_results["val_top_1_accuracy"] >= 0.9
-    from torchboost.recipe.run import evaluate_checkpoint  # less_bn-changed structure reloads for eval
-
-    assert evaluate_checkpoint(str(boost.last_checkpoint))["top_1_accuracy"] == pytest.approx(
-        boost.eval_results["val_top_1_accuracy"])
-
-
-def test_predict_matches_the_evaluation_path(tmp_path, capsys):
-    """`predict` on image files gives the probabilities the network gives the same test images in memory."""
-    from PIL import Image
-
-    from torchboost.data import build_dataset
-    from torchboost.recipe.run import model_from_checkpoint, predict_images
-
-    run = train_from_config(_cfg(tmp_path / "run", "train.epochs=1"))
-    ds = build_dataset(load_config("digits-lenet").data, "test")
-    files = []
-    for i in range(5):
-        files.append(str(tmp_path / f"{i}.png"))
-        Image.fromarray(ds.images[i, 0].numpy()).save(files[-1])
-    got = predict_images(str(run.last_checkpoint), files, topk=3)
-    model, _, ckpt = model_from_checkpoint(str(run.last_checkpoint))
-    x, _ = ds.__getitems__(range(5))
-    want = model.predict(x).softmax(1).topk(3, dim=1)
-    for preds, ps, idx in zip(got, want.values, want.indices):
-        assert [c for c, _ in preds] == [ckpt["classes"][j] if ckpt.get("classes") else str(j) for j in idx.tolist()]
-        assert [p for _, p in preds] == pytest.approx(ps.tolist(), abs=1e-6)
-    (tmp_path / "bad.png").write_bytes(b"not an image")
-    err = _error_line(capsys, ["predict", "--checkpoint", str(run.last_checkpoint), str(tmp_path / "bad.png")])
-    assert "bad.png" in err

@@ -22,17 +22,17 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .recipe.config import dump_config
+    from .recipe.config import build_config, dump_config, read_yaml, resolve_recipe
     from .recipe.load import load_config
     from .recipe.run import train_from_config
 
     overrides = train_overrides(args)
     if args.data:
-        base = load_config(args.config, overrides)
-        if base.data.dataset in ("mnist5k", "digits", "synthetic"):
+        dataset = build_config(read_yaml(resolve_recipe(args.config)), overrides).data.dataset
+        if dataset in ("mnist5k", "digits", "synthetic"):
             # A built-in data set reads no path: --data means "train on my image folder instead".
             print(f"note: --data {args.data}: training on that image folder (data.dataset=folder) instead of the "
-                  f"recipe's built-in {base.data.dataset}", file=sys.stderr)
+                  f"recipe's built-in {dataset}")
             overrides.append("data.dataset=folder")
         overrides.append(f"data.path={args.data}")
     cfg = load_config(args.config, overrides)
@@ -334,7 +334,10 @@ def _one_line(e: TorchboostError) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, a usage error (already printed): a code, not an exception
+        return int(e.code or 0)
     if args.command is None:  # `torchboost` alone = the main job
         args = parser.parse_args([*(["--debug"] if args.debug else []), "train"])
     func: Callable[[argparse.Namespace], int] = args.func

@@ -58,8 +58,8 @@ class DataConfig:
     synthetic_size: int = opt(1024, ge=1)
     # Ship uint8 batches and normalize on the device: 4x fewer bytes through workers and host-to-device copies.
     normalize_on_device: bool = opt(False)
-    # Training augmentation. auto: imagenet for folders/synthetic, shift for in-memory sets when random_shift
-    # > 0, else none. imagenet: RandomResizedCrop(rrc_scale) + flip; flip: resize + centre crop + flip;
+    # Training augmentation. auto: imagenet for folders of photos for ResNets; otherwise shift when
+    # random_shift > 0, else none. imagenet: RandomResizedCrop(rrc_scale) + flip; flip: resize + centre crop + flip;
     # shift: resize + random translation by up to random_shift px; none: the evaluation preprocessing.
     augment: str = opt("auto", choices=("auto", "imagenet", "flip", "shift", "none"))
     rrc_scale: list[float] = opt(factory=lambda: [0.08, 1.0], gt=0, le=1)

@@ -121,8 +121,9 @@ def load_data(cfg: Config) -> tuple[DataConfig, Dataset, Dataset]:
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
     augment = d.augment
-    if augment == "auto":
-        augment = "imagenet" if d.dataset in ("folder", "synthetic") else "shift" if d.random_shift else "none"
+    if augment == "auto":  # ImageNet's crops suit photos for ResNets, not 28-px digits for the MNIST CNN
+        photos = d.dataset in ("folder", "synthetic") and cfg.model.name.startswith("resnet")
+        augment = "imagenet" if photos else "shift" if d.random_shift else "none"
     d = dataclasses.replace(d, augment=augment)
     train_ds = build_dataset(d, "train", cfg.model.num_classes)
     eval_ds = build_dataset(d, "test", cfg.model.num_classes)

@@ -73,7 +73,7 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
         if "ema" not in ckpt:
             raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
         model.network.load_state_dict(ckpt["ema"]["module"])
-    ds = build_dataset(data, split)
+    ds = build_dataset(data, split, cfg.model.num_classes)
     check_classes(ds.classes, ckpt.get("classes"), cfg.model.num_classes, path)
     return model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
 

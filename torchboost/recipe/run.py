@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader
 
 from torchboost import dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
-from torchboost.data import build_loader
-from torchboost.errors import ConfigError, DataError, OutputError, TorchboostError
+from torchboost.data import build_loader, loader_skipped
+from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
 from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
@@ -97,6 +97,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
         model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes)}
         if resume:
+            check_resumable(resume, run_cfg)
             ckpt = model.load_checkpoint(resume)
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
@@ -108,10 +109,26 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
         state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
                             eval_every=run_cfg.train.eval_every, log_fn=log)
+    skipped = loader_skipped(train_loader) + loader_skipped(eval_loader)
+    if skipped:
+        log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a warning")
     if info.is_main:
         log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
             f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
     return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
+
+
+def check_resumable(path: str, cfg: Config) -> None:
+    """A checkpoint continues only the run that wrote it: same network and optimizer (their states
+    would not fit otherwise). Starting elsewhere from its weights is `train.init_weights`."""
+    saved = load_checkpoint(path).get("config")
+    if not isinstance(saved, dict):
+        return  # not written by `torchboost train`: Model.load_checkpoint says what is missing
+    fix = f"resume with the checkpoint's settings, or start a new run from its weights with train.init_weights={path}"
+    for section, key in (("model", "name"), ("optim", "name"), ("model", "num_classes"), ("model", "padding")):
+        was, now = saved.get(section, {}).get(key), getattr(getattr(cfg, section), key)
+        if was is not None and was != now:
+            raise CheckpointError(f"{path} was trained with {section}.{key}={was}, this run has {now}", fix)
 
 
 def boost_plan(cfg: Config, world_size: int) -> BoostPlan | None:

@@ -73,6 +73,11 @@ def check_type(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; users write it
+        try:
+            return float(value)
+        except ValueError:
+            pass
     # bool is a subclass of int: `epochs: true` must not pass as 1.
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"{where} must be {tp.__name__}, got {type(value).__name__} {value!r}",

@@ -26,7 +26,10 @@ IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")
 def validate(cfg: Config) -> None:
     """Raise ConfigError on the first invalid value or combination in `cfg` (which is not modified)."""
     for key, f, tp, value in leaf_fields(cfg):
-        check_rules(check_type(value, tp, key), f, key)
+        checked = check_type(value, tp, key)
+        if isinstance(value, str) and not isinstance(checked, str):  # recipes coerce "1e-4"; Python must not
+            raise ConfigError(f"{key} must be {type(checked).__name__}, got str {value!r}", "give a number")
+        check_rules(checked, f, key)
     _check_data(cfg)
     _check_model(cfg)
     _check_optim(cfg)

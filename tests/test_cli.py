@@ -1,0 +1,122 @@
+"""Every `torchboost` subcommand through `main()`, with what each must print or write."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from torchboost import __version__
+from torchboost.cli import main
+from torchboost.data.builtin import load_builtin
+from torchboost.train.checkpoint import load_checkpoint
+
+FAST = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One short digits run shared by the commands that read a checkpoint."""
+    out = tmp_path_factory.mktemp("run")
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(out), *FAST]) == 0
+    return out
+
+
+def test_version_and_recipes(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"torchboost {__version__}"
+    assert main(["recipes"]) == 0
+    assert {"mnist-lenet", "digits-lenet", "mnist-lenet-thor"} <= set(capsys.readouterr().out.split())
+    assert main(["recipes", "show", "digits-lenet"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["name"] == "digits-lenet"
+
+
+def test_print_config_applies_shortcuts_last(capsys):
+    assert main(["train", "-c", "digits-lenet", "--set", "train.epochs=9", "--epochs", "2", "--lr", "0.01",
+                 "-b", "16", "--print-config"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["train"]["epochs"], cfg["optim"]["lr"], cfg["data"]["batch_size"]) == (2, 0.01, 16)
+
+
+def test_train_writes_pt_checkpoints_best_and_logs(run):
+    names = sorted(p.name for p in (run / "ckpt").iterdir())
+    assert names == ["mnist_cnn-1_44.pt", "mnist_cnn-best.pt"]
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    csv = (run / "history.csv").read_text().splitlines()
+    assert len(rows) == 1 and len(csv) == 2 and "val_top_1_accuracy" in csv[0].split(",")
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["num_classes"] == 10
+
+
+def test_eval_checkpoint_and_plain_weights(run, tmp_path, capsys):
+    ckpt = str(run / "ckpt" / "mnist_cnn-1_44.pt")
+    assert main(["eval", "--checkpoint", ckpt]) == 0
+    line = capsys.readouterr().out
+    acc = float(line.split("top_1_accuracy=")[1].split()[0])
+    hist = json.loads((run / "history.jsonl").read_text().splitlines()[-1])
+    assert acc == pytest.approx(hist["val_top_1_accuracy"], abs=1e-4) and "samples=360" in line
+    weights = tmp_path / "w.safetensors"
+    assert main(["convert", ckpt, str(weights), "--arch", "none"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(weights)]) == 2
+    assert "--config" in capsys.readouterr().err  # plain weights need the recipe that built them
+    assert main(["eval", "--checkpoint", str(weights), "--config", "digits-lenet"]) == 0
+    assert f"top_1_accuracy={acc:.4f}" in capsys.readouterr().out
+
+
+def test_predict_files_and_folders(run, tmp_path, capsys):
+    ds = load_builtin("digits", "test")
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(ds.images[i, 0].numpy()).save(folder / f"{i}.png")
+    ckpt = str(run / "ckpt" / "mnist_cnn-best.pt")
+    assert main(["predict", "--checkpoint", ckpt, "--topk", "2", str(folder)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [str(folder / f"{i}.png") for i in range(3)]
+    probs = [float(x) for x in lines[0].split(": ")[1].replace(",", "").split()[1::2]]
+    assert len(probs) == 2 and probs[0] >= probs[1] and 0 < sum(probs) <= 1 + 1e-6
+    assert main(["predict", "--checkpoint", ckpt, "--topk", "0", str(folder)]) == 2
+    assert "--topk" in capsys.readouterr().err
+
+
+def test_export_folder_then_train_on_it(tmp_path, capsys):
+    out = tmp_path / "digits"
+    assert main(["export-folder", "--dataset", "digits", "--out", str(out)]) == 0
+    assert len(list((out / "train").iterdir())) == 10
+    (tmp_path / "file").write_text("x")
+    assert main(["export-folder", "--dataset", "digits", "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_diff_config(capsys, tmp_path):
+    assert main(["diff-config", "digits-lenet", "mnist-lenet", "--json", str(tmp_path / "d.json")]) == 0
+    assert "data.dataset" in capsys.readouterr().out
+    assert json.loads((tmp_path / "d.json").read_text())["n_differences"] > 0
+
+
+def test_align_a_recipe_with_itself_passes(capsys):
+    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--batch-size", "4"]) == 0
+    assert "PASS" in capsys.readouterr().out.upper()
+
+
+def test_debug_layers(capsys, tmp_path):
+    assert main(["debug-layers", "-c", "digits-lenet", "--batch-size", "4", "--json", str(tmp_path / "l.json")]) == 0
+    report = json.loads((tmp_path / "l.json").read_text())
+    assert capsys.readouterr().out and report
+
+
+def test_bench_reports_images_per_second(capsys, tmp_path):
+    assert main(["bench", "--model", "mnist_cnn", "--image-size", "28", "--batch-size", "8", "--steps", "2",
+                 "--warmup", "1", "--mode", "train", "--json", str(tmp_path / "b.json")]) == 0
+    assert "img/s" in capsys.readouterr().out or (tmp_path / "b.json").stat().st_size > 0
+
+
+def test_convert_round_trip_keeps_tensors(run, tmp_path, capsys):
+    ckpt = run / "ckpt" / "mnist_cnn-1_44.pt"
+    pt = tmp_path / "w.pt"
+    assert main(["convert", str(ckpt), str(pt), "--arch", "none"]) == 0
+    want = load_checkpoint(ckpt)["model"]
+    got = torch.load(pt, weights_only=True)
+    assert set(got) <= set(want) and all(torch.equal(got[k], want[k]) for k in got)

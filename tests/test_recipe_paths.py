@@ -1,0 +1,104 @@
+"""Each optimizer, schedule and boost path through the recipe layer, checked against what it must do
+(independent references: the config's own formula, the objects' types and states), not just "it runs"."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from torchboost.recipe.build import build_optimizer, build_schedule, effective_lr
+from torchboost.recipe.infer import evaluate_checkpoint
+from torchboost.recipe.load import load_config, load_resolved
+from torchboost.recipe.run import train_from_config
+from torchboost.train.checkpoint import load_checkpoint
+
+FAST = ["train.progress_bar=false", "train.log_every=1000"]
+
+
+def _run(tmp, *extra):
+    return train_from_config(load_config("digits-lenet", FAST + [f"output={tmp}", *extra]))
+
+
+def test_thor_checkpoint_holds_thor_state_that_continues_the_run(tmp_path):
+    run = _run(tmp_path / "thor", "train.epochs=2", "optim.name=thor", "optim.lr=0.02",
+               "optim.thor={damping: 0.03, frequency: 20}")
+    assert run.eval_results["val_top_1_accuracy"] >= 0.9
+    ckpt = load_checkpoint(run.last_checkpoint)
+    thor = ckpt["optimizer"]["thor"]  # an SGD checkpoint has no such entry
+    assert set(thor["layers"]) == {"conv1", "conv2", "fc"}  # every Conv2d/Linear of the MNIST CNN
+    assert thor["update"] == ckpt["global_step"] == 2 * 44
+
+
+def test_less_bn_boost_run_reloads_for_evaluation(tmp_path):
+    """O1 on a BatchNorm ResNet removes BNs and swaps the head: evaluation must rebuild that structure."""
+    run = _run(tmp_path / "o1", "train.epochs=1", "model.name=resnet18", "model.small_input=true",
+               "model.num_classes=4", "data.dataset=synthetic", "data.synthetic_size=128", "data.image_size=16",
+               "data.eval_batch_size=16", "boost.level=O1", "boost.config={grad_freeze: {param_groups: 2}}",
+               "data.batch_size=32")
+    state = load_checkpoint(run.last_checkpoint)["model"]
+    assert "fc.multiplier" in state and "layer1.0.bn1.weight" not in state  # FN head, branch BN gone
+    assert evaluate_checkpoint(str(run.last_checkpoint))["top_1_accuracy"] == pytest.approx(
+        run.eval_results["val_top_1_accuracy"])
+
+
+@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)])
+def test_first_order_optimizers_train_and_carry_the_config(tmp_path, name, cls):
+    cfg = load_config("digits-lenet", [f"optim.name={name}", "optim.lr=0.002" if name == "adamw" else "optim.lr=0.05",
+                                       "optim.weight_decay=0.01"])
+    cfg_run, _, _ = load_resolved("digits-lenet", [f"optim.name={name}"])
+    opt = build_optimizer(cfg, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), cfg.optim.lr)
+    assert isinstance(opt, cls) and opt.param_groups[0]["lr"] == cfg.optim.lr
+    decays = sorted({g["weight_decay"] for g in opt.param_groups})
+    assert decays == [0.0, 0.01]  # BN/bias groups are not decayed (decay_bn_and_bias=false)
+    run = _run(tmp_path / name, "train.epochs=2", f"optim.name={name}",
+               "optim.lr=0.002" if name == "adamw" else "optim.lr=0.05")
+    assert run.eval_results["val_top_1_accuracy"] >= 0.9 and cfg_run.optim.name == name
+
+
+def test_muon_through_the_recipe(tmp_path):
+    run = _run(tmp_path / "muon", "train.epochs=2", "optim.name=muon", "optim.lr=0.02", "optim.momentum=0.95")
+    assert run.eval_results["val_top_1_accuracy"] >= 0.9
+    assert load_checkpoint(run.last_checkpoint)["config"]["optim"]["name"] == "muon"
+
+
+def test_lr_reference_batch_scales_linearly():
+    cfg = load_config("digits-lenet", ["optim.lr=0.256", "optim.lr_reference_batch=256", "data.batch_size=32",
+                                       "train.accumulation_steps=2"])
+    assert effective_lr(cfg, world_size=4) == pytest.approx(0.256 * 32 * 2 * 4 / 256)
+    assert effective_lr(load_config("digits-lenet", ["optim.lr=0.1"]), 8) == 0.1  # no reference: as given
+
+
+def test_thor_schedule_mode_follows_mindspores_formula():
+    cfg = load_config("digits-lenet", ["schedule.mode=thor", "optim.lr=0.05", "schedule.lr_decay=4",
+                                       "schedule.lr_end_epoch=10", "schedule.decay_epochs=100", "train.epochs=3"])
+    steps = 7
+    lrs = build_schedule(cfg, 0.05, steps)
+    assert len(lrs) == 3 * steps
+    for i in (0, 5, 20):  # lr(i) = lr * (1 - e/lr_end_epoch)^lr_decay with e = (i + 1) / steps_per_epoch
+        e = (i + 1) / steps
+        assert lrs[i] == pytest.approx(0.05 * (1 - e / 10) ** 4, rel=1e-6)
+
+
+def test_init_weights_starts_from_given_weights_only(tmp_path):
+    first = _run(tmp_path / "a", "train.epochs=1")
+    cfg = load_config("digits-lenet", FAST + [f"output={tmp_path / 'b'}", "train.epochs=1",
+                                             f"train.init_weights={first.last_checkpoint}", "optim.lr=1e-12",
+                                             "schedule.mode=constant"])
+    second = train_from_config(cfg)
+    w0 = load_checkpoint(first.last_checkpoint)["model"]
+    w1 = load_checkpoint(second.last_checkpoint)["model"]
+    for k, v in w0.items():  # a negligible lr: the second run ends where the given weights started
+        if v.dtype.is_floating_point and "running" not in k:
+            assert torch.allclose(v, w1[k], atol=1e-6), k
+    assert load_checkpoint(second.last_checkpoint)["global_step"] == 44  # a new run, not a resume
+
+
+def test_resolved_config_is_what_the_run_saved(tmp_path):
+    run = _run(tmp_path / "r", "train.epochs=1")
+    saved = load_checkpoint(run.last_checkpoint)["config"]
+    assert saved == run.config.to_dict()
+    assert (saved["model"]["num_classes"], saved["model"]["in_chans"], saved["data"]["image_size"]) == (10, 1, 8)
+    assert np.allclose(saved["data"]["mean"], [0.3049], atol=1e-3) and math.isfinite(saved["data"]["std"][0])
