@@ -225,6 +225,13 @@ def test_align_from_config_and_reference_callable(tmp_path):
     assert align_from_config("digits-lenet", reference_dump=str(dump)).passed
     with pytest.raises(ConfigError, match="exactly one"):
         align_from_config("digits-lenet")
+    # The negative case: a reference whose conv2 output is shifted must fail, naming conv2 first.
+    bad_file = tmp_path / "badnet.py"
+    bad_file.write_text("from torchboost.models import create_model\n"
+                        "def build():\n    net = create_model('mnist_cnn', num_classes=10, in_chans=1, image_size=8)\n"
+                        "    net.conv2.register_forward_hook(lambda m, i, o: o + 0.5)\n    return net\n")
+    bad = align_from_config("digits-lenet", reference=f"{bad_file}:build", batch_size=4)
+    assert not bad.passed and bad.first_failure.ours == "conv2"
     with pytest.raises(ConfigError, match="cannot load reference"):
         load_reference("no_such_module_xyz:build")
 

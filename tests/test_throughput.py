@@ -91,9 +91,11 @@ def test_run_bench_both_modes_on_a_tiny_model(jpeg_folder):
     best = max(result["data"], key=lambda r: r["images_per_s"])
     assert result["both"]["workers"] == 1  # the only count that overlaps loading with the step
     assert 0 <= result["both"]["data_wait_share"] <= 1 and result["both"]["images_per_s"] > 0
-    expected = "data" if best["images_per_s"] < train["images_per_s"] else "step"
-    assert result["limiter"] == expected
-    assert "train step" in table and "limiter:" in table and table.count("data, ") == 2
+    # Which side limits is diagnose()'s rule, tested with known rates below; here: the table prints
+    # the measured rates and the verdict it was given, not other numbers.
+    assert result["limiter"] in ("data", "step") and f"limiter: {result['limiter']}" in table
+    assert f"{best['images_per_s']:.1f}" in table or f"{best['images_per_s']:.0f}" in table
+    assert "train step" in table and table.count("data, ") == 2
 
 
 def test_bench_options_refuse_data_modes_without_a_folder():
