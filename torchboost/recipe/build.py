@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchboost.data.synthetic import MEMORY_SHARE, physical_memory
+from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model
 from torchboost.optim import (THOR, build_lr_schedule, get_thor_damping, get_thor_lr, muon_optimizer,
@@ -20,12 +22,21 @@ from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleM
 
 
 def build_model(cfg: Config) -> nn.Module:
+    """The network; one whose training state could not fit in memory is refused before allocating it
+    (the MNIST CNN's classifier grows with the image size: 2048 px would need a 20 GB Linear)."""
     m = cfg.model
     kw: dict = {} if m.init is None else {"init": m.init}
     if m.name.startswith("resnet"):
         kw.update(zero_init_last_bn=m.zero_init_last_bn, small_input=m.small_input, padding=m.padding)
     elif m.name == "mnist_cnn":
         kw["image_size"] = cfg.data.image_size
+    with torch.device("meta"):  # shapes only: no memory, no init cost
+        probe = create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
+    need = 4 * sum(p.numel() * p.element_size() for p in probe.parameters())  # weights, grads, 2 optim states
+    if need > MEMORY_SHARE * physical_memory():
+        raise ConfigError(f"{m.name} at data.image_size={cfg.data.image_size} with {m.num_classes} classes needs "
+                          f"{need / 2**30:.1f} GiB to train, over {MEMORY_SHARE:.0%} of this machine's memory",
+                          "lower data.image_size (or use a ResNet, whose size does not grow with the image)")
     return create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
 
 

@@ -19,8 +19,10 @@ from torchboost.errors import ConfigError, OutputError
 from torchboost.fileio import atomic_path
 
 # What `torchboost train` writes into an output folder (the run's artifacts, nothing else is touched).
+# The per-rank worklogs in log/ are opened before the folder is claimed and only ever appended to: they
+# are not evidence of another run, and --overwrite keeps them.
 RUN_FILES = ("config.yaml", "history.jsonl", "history.csv", "history.png")
-RUN_DIRS = ("ckpt", "tensorboard", "profile", "log")
+RUN_DIRS = ("ckpt", "tensorboard", "profile")
 
 
 def previous_run(out: Path) -> list[str]:
