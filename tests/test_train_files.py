@@ -208,12 +208,37 @@ def test_disk_full_writing_the_plot_keeps_the_previous_plot(tmp_path, monkeypatc
 
 
 def test_tensorboard_folder_that_cannot_be_created(tmp_path, monkeypatch):
-    def makedirs(*args, **kwargs):
+    def mkdir(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(args[0]))
 
-    monkeypatch.setattr(os, "makedirs", makedirs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
     with pytest.raises(OutputError, match=f"cannot write {tmp_path / 'tb'}: permission denied — make the folder"):
         TensorBoard(tmp_path / "tb")
+
+
+def test_disk_full_writing_tensorboard_events_raises_in_the_training_thread(tmp_path, monkeypatch):
+    import io
+
+    real_open = io.open
+
+    def open_(file, mode="r", *args, **kwargs):
+        if "tfevents" in str(file) and "a" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(file, mode, *args, **kwargs)
+
+    class Arm(Callback):  # from epoch 2 on, appending to the event file fails
+        def on_train_epoch_begin(self, state):
+            if state.epoch == 1:
+                monkeypatch.setattr(io, "open", open_)
+
+    with pytest.raises(OutputError) as info:
+        train_two_epochs(Arm(), TensorBoard(tmp_path / "tb", every=1))
+    monkeypatch.undo()
+    assert str(info.value) == f"cannot write {tmp_path / 'tb'}: {FULL}"
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator").EventAccumulator(
+        str(tmp_path / "tb"))
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("train/loss")] == [1, 2]  # epoch 1's events are intact
 
 
 def test_cli_reports_a_full_disk_in_one_line_and_exits_2(tmp_path, monkeypatch, capsys):

@@ -15,9 +15,10 @@ import torch
 
 from torchboost.dist import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
-from torchboost.fileio import output_error, remove_stale_temps
+from torchboost.fileio import remove_stale_temps
 from torchboost.train.checkpoint import atomic_save, checkpoint_name
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
+from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
 from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
 from torchboost.train.state import Callback, TrainState
 
@@ -198,39 +199,6 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state: dict) -> None:
         self.best.load_state_dict(state["best"])
         self.bad_epochs = int(state["bad_epochs"])
-
-
-class TensorBoard(Callback):
-    """Scalars to TensorBoard when it is installed (rank 0 only); silently absent otherwise is NOT done:
-    constructing it without tensorboard raises an ImportError with the install command."""
-
-    def __init__(self, log_dir: str | Path, every: int = 10) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("TensorBoard logging needs `pip install tensorboard`") from e
-        try:
-            self.writer = SummaryWriter(str(log_dir)) if is_main_process() else None
-        except OSError as e:  # the event folder cannot be created (permissions, full disk)
-            raise output_error(log_dir, e) from e
-        self.every = every
-
-    def on_train_step_end(self, state: TrainState) -> None:
-        if self.writer and state.global_step % self.every == 0:
-            self.writer.add_scalar("train/loss", state.output.loss.item(), state.global_step)
-            lr = state.model.optimizer.param_groups[0]["lr"]
-            self.writer.add_scalar("train/lr", lr, state.global_step)
-
-    def on_train_epoch_end(self, state: TrainState) -> None:
-        if self.writer:
-            for k, v in state.eval_results.items():
-                if isinstance(v, (int, float)):
-                    self.writer.add_scalar(f"epoch/{k}", v, state.epoch + 1)
-            self.writer.flush()
-
-    def on_train_end(self, state: TrainState) -> None:
-        if self.writer:
-            self.writer.close()
 
 
 class ProgressBar(Callback):
