@@ -14,6 +14,7 @@ Prints the table, then per THOR racer one line "THOR/best-other seconds-to-targe
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
@@ -24,7 +25,8 @@ from torchboost.optim import THOR
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
-from torchboost.recipe.race_report import format_report, headline, summarize, write_results
+from torchboost.recipe.race_report import (format_markdown, format_report, headline, load_lanes, summarize,
+                                           write_results)
 
 # The issue's headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,
 # momentum 0.9, weight decay 5e-4, no label smoothing; THOR damping 0.1, frequency 10, split 128.
@@ -83,9 +85,12 @@ def main() -> None:
     p.add_argument("--epochs", type=int, help="override the task's epoch budget")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", default="runs/bench-race")
+    p.add_argument("--report", type=Path, help="only re-report a saved race.json (finished or stopped)")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
     task = TASKS[args.task]
+    if args.report:
+        return report(load_lanes(args.report), task["targets"], json.loads(args.report.read_text())["settings"])
+    torch.set_num_threads(args.threads)
     cfg, train_ds, eval_ds = load_resolved(task["recipe"], task["overrides"])
     grids = parse_lr_grids(args.lr)
     racers = [make_racer(n, cfg, grids.get(n)) for n in args.racers]
@@ -96,11 +101,18 @@ def main() -> None:
     lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), task["targets"], epochs=args.epochs,
                      log=lambda m: print(m, flush=True),
                      on_round=lambda ls: write_results(ls, summarize(ls, task["targets"]), meta, out))
-    summary = summarize(lanes, task["targets"])
-    print(format_report(summary, args.threads))
-    write_results(lanes, summary, meta, out)
-    for name in (r.name for r in racers if r.name.startswith("thor")):
-        print(headline(summary, name))
+    write_results(lanes, summarize(lanes, task["targets"]), meta, out)
+    report(lanes, task["targets"], {"threads": args.threads})
+
+
+def report(lanes: list, targets: tuple[float, ...], settings: dict) -> None:
+    """The table, the same as Markdown, and one headline line per THOR racer."""
+    summary = summarize(lanes, targets)
+    print(format_report(summary, settings.get("threads", torch.get_num_threads())))
+    print(format_markdown(summary))
+    for name in dict.fromkeys(l.racer for l in lanes):
+        if name.startswith("thor"):
+            print(headline(summary, name))
 
 
 if __name__ == "__main__":

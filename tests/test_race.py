@@ -6,7 +6,7 @@ import math
 
 from torchboost.cli import main
 from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import ratio_to_best_other, summarize
+from torchboost.recipe.race_report import load_lanes, ratio_to_best_other, summarize
 
 
 def test_race_cli_end_to_end(tmp_path, capsys):
@@ -32,6 +32,7 @@ def test_race_cli_end_to_end(tmp_path, capsys):
     assert max(first) < min(second) and sorted(first + second) == list(range(20))
     assert set(data["summary"]["targets"]["0.3"]) == {"sgd", "adamw", "muon", "thor"}
     assert data["settings"]["threads"] == 1 and data["settings"]["cpu_flags"]
+    assert summarize(load_lanes(out / "race.json"), (0.3, 0.999)) == data["summary"]  # re-reporting a saved race
 
 
 def lane(racer, lr, seed, accs, secs):

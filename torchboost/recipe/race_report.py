@@ -86,6 +86,20 @@ def format_report(summary: dict, threads: int) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(summary: dict) -> str:
+    """The same table as Markdown (for BENCHMARKS.md-style reports)."""
+    per_epoch = summary["seconds_per_epoch"]
+    first = next(iter(per_epoch))
+    rows = ["| target | optimizer | best lr | reached | median epochs | median s | s / best other | "
+            f"s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t, by_name in summary["targets"].items():
+        for name, r in by_name.items():
+            rows.append(f"| {float(t):.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
+                        f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | "
+                        f"{ratio_to_best_other(by_name, name):.2f}× | {per_epoch[name] / per_epoch[first]:.2f}× |")
+    return "\n".join(rows)
+
+
 def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -> tuple[Path, Path]:
     """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +110,14 @@ def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -
     path.write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
                                default=lambda v: None))
     return path, plot(lanes, summary, out / "race.png")
+
+
+def load_lanes(path: Path) -> list[Lane]:
+    """The runs of a saved race.json (for re-reporting a race, finished or stopped)."""
+    runs = json.loads(Path(path).read_text())["runs"]
+    return [Lane(r["optimizer"], r["lr"], r["seed"], None, None, None,  # type: ignore[arg-type]
+                 seconds=r["history"][-1]["seconds"] if r["history"] else 0.0, history=r["history"],
+                 stopped=r["stopped"]) for r in runs]
 
 
 def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
