@@ -82,14 +82,17 @@ def main() -> None:
                    help="sgd adamw muon thor thor-muon, or a THOR variant: 'thor[graft=grad]'")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (split a race over runs)")
     p.add_argument("--epochs", type=int, help="override the task's epoch budget")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", default="runs/bench-race")
-    p.add_argument("--report", type=Path, help="only re-report a saved race.json (finished or stopped)")
+    p.add_argument("--report", type=Path, nargs="+",
+                   help="only re-report saved race.json files (finished or stopped; several = their runs pooled)")
     args = p.parse_args()
     task = TASKS[args.task]
     if args.report:
-        return report(load_lanes(args.report), task["targets"], json.loads(args.report.read_text())["settings"])
+        lanes = [lane for path in args.report for lane in load_lanes(path)]
+        return report(lanes, task["targets"], json.loads(args.report[0].read_text())["settings"])
     torch.set_num_threads(args.threads)
     cfg, train_ds, eval_ds = load_resolved(task["recipe"], task["overrides"])
     grids = parse_lr_grids(args.lr)
@@ -97,8 +100,11 @@ def main() -> None:
     print(f"{args.task}: targets {task['targets']}, {args.seeds} seeds, racers " +
           "; ".join(f"{r.name} lrs {r.lrs}" for r in racers), flush=True)
     out = Path(args.output) / args.task.replace("/", "_")
+    if args.first_seed:
+        out = out.with_name(f"{out.name}_from_seed{args.first_seed}")
     meta = {"task": args.task, "overrides": task["overrides"], "racers": args.racers}
-    lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), task["targets"], epochs=args.epochs,
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, task["targets"], epochs=args.epochs,
                      log=lambda m: print(m, flush=True),
                      on_round=lambda ls: write_results(ls, summarize(ls, task["targets"]), meta, out))
     write_results(lanes, summarize(lanes, task["targets"]), meta, out)
