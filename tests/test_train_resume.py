@@ -1,6 +1,7 @@
 """Resume mid-epoch: the resumed run's history and weights equal the uninterrupted run's; checkpoint
 pruning only ever deletes the run's own files (the resumed run's included)."""
 
+import copy
 import json
 import re
 
@@ -9,9 +10,10 @@ import torch
 from torch.utils.data import TensorDataset
 
 from torchboost.data import build_loader
+from torchboost.errors import CheckpointError
 from torchboost.train.callbacks import CheckpointConfig, History, ModelCheckpoint, TimeMonitor
 from torchboost.train.profiling import DataStarvationMonitor
-from train_tiny import Capture, Scripted, StopAt, tiny_data, tiny_model
+from train_tiny import Capture, Scripted, StopAt, batches, tiny_data, tiny_model
 
 EPOCHS, BATCH = 3, 8  # 48 images: 6 updates per epoch
 
@@ -101,7 +103,41 @@ def test_old_torch_checkpoint_with_ckpt_extension_still_loads_and_mindspore_file
         model.network.state_dict())
     ms = tmp_path / "resnet.ckpt"
     ms.write_bytes(b"\x0a\x05conv1\x12\x00")  # a protobuf: field 1, length-delimited
-    from torchboost.errors import CheckpointError
-
     with pytest.raises(CheckpointError, match="not a torch checkpoint.*torchboost convert"):
         tiny_model().load_checkpoint(ms)
+
+
+EDITS = {  # what a hand-edited or truncated checkpoint may look like
+    "one-more-param-group": lambda sd: sd["optimizer"]["param_groups"].append(
+        copy.deepcopy(sd["optimizer"]["param_groups"][0])),
+    "no-param-groups": lambda sd: sd["optimizer"].update(param_groups=[]),
+    "param-id-changed": lambda sd: sd["optimizer"]["param_groups"][0]["params"].__setitem__(0, 999),
+    "param-missing-from-group": lambda sd: sd["optimizer"]["param_groups"][0]["params"].pop(),
+    "no-rng": lambda sd: sd.pop("rng"),
+    "params-not-a-list": lambda sd: sd["optimizer"]["param_groups"].__setitem__(0, {"params": 5}),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_edited_checkpoint_is_refused_before_anything_is_restored(tmp_path, edit):
+    model = fresh_model(0)
+    model.train(1, batches(2), [ModelCheckpoint("tiny", tmp_path)])
+    sd = torch.load(tmp_path / "tiny-1_2.pt", weights_only=True)
+    EDITS[edit](sd)
+    torch.save(sd, tmp_path / "edited.pt")
+    other = fresh_model(5)
+    weights = copy.deepcopy(other.network.state_dict())
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'edited.pt'} cannot be resumed"):
+        other.load_checkpoint(tmp_path / "edited.pt")
+    assert all(torch.equal(v, weights[k]) for k, v in other.network.state_dict().items())
+
+
+def test_a_checkpoint_of_another_optimizer_layout_does_not_fit(tmp_path):
+    fresh_model(0).train(1, batches(2), [ModelCheckpoint("tiny", tmp_path)])
+    other = fresh_model(0)
+    params = list(other.network.parameters())
+    other.optimizer.param_groups.clear()  # two groups (e.g. no weight decay on biases) instead of one
+    other.optimizer.add_param_group({"params": params[::2]})
+    other.optimizer.add_param_group({"params": params[1::2], "weight_decay": 0.0})
+    with pytest.raises(CheckpointError, match="does not fit this run .*different number of parameter groups"):
+        other.load_checkpoint(tmp_path / "tiny-1_2.pt")

@@ -65,6 +65,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
+RESUME_KEYS = ("model", "epoch", "step_in_epoch", "global_step", "epoch_complete", "rng")
+
+
+def check_resumable(ckpt: dict, source: str) -> None:
+    """Refuse, before anything is restored, a checkpoint that lacks what a resume needs or whose optimizer
+    state contradicts itself (torch would load it silently and misassign the momentum buffers)."""
+    fix = "resume from an unmodified checkpoint written by torchboost train, or start from its weights only"
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{source} cannot be resumed: it has no {', '.join(map(repr, missing))}", fix)
+    opt = ckpt.get("optimizer") or {}
+    try:
+        ids = [i for g in opt.get("param_groups", []) for i in g.get("params", [])]
+        consistent = len(set(ids)) == len(ids) and set(opt.get("state", {})) <= set(ids)
+    except (TypeError, AttributeError):  # not even the structure torch writes
+        consistent = False
+    if not consistent:
+        raise CheckpointError(f"{source} cannot be resumed: its optimizer state names parameters its parameter "
+                              "groups do not hold", fix)
+
+
 def list_checkpoints(directory: str | Path, prefix: str) -> list[Path]:
     """This prefix's checkpoints, oldest first (by epoch, then step)."""
     found = []

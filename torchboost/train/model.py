@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TrainingError
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
-from .checkpoint import load_checkpoint, load_model_state, rng_state, set_rng_state
+from .checkpoint import check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import DynamicLossScaleManager, LossScaleManager
@@ -113,17 +113,25 @@ class Model:
         ckpt = load_checkpoint(path, map_location=self.device)
         if "model" not in ckpt:
             raise CheckpointError(f"{path} has no 'model' entry", "pass a checkpoint written by torchboost train")
+        if not weights_only_model:  # refuse an incomplete checkpoint before restoring anything from it
+            check_resumable(ckpt, str(path))
+            if self.ema is not None and "ema" not in ckpt:
+                raise CheckpointError(f"{path} has no EMA weights", "train without EMA or resume from a run that had it")
         load_model_state(self.module, ckpt["model"], source=str(path))
         if weights_only_model:
             return ckpt
-        if self.optimizer is not None and ckpt.get("optimizer"):
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-        if self.train_step is not None:
-            self.train_step.load_state_dict(ckpt.get("train_step", {}))
-        if self.ema is not None:
-            if "ema" not in ckpt:
-                raise CheckpointError(f"{path} has no EMA weights", "train without EMA or resume from a run that had it")
-            self.ema.load_state_dict(ckpt["ema"])
+        try:
+            if self.optimizer is not None and ckpt.get("optimizer"):
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+            if self.train_step is not None:
+                self.train_step.load_state_dict(ckpt.get("train_step", {}))
+            if self.ema is not None:
+                self.ema.load_state_dict(ckpt["ema"])
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:  # what torch raises on a misfit
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{path} does not fit this run ({first[:160]})",
+                                  "resume with the settings it was written with (optimizer, parameter groups, "
+                                  "loss scaling, boost, EMA), or start from its weights only") from e
         self._resume = ckpt
         return ckpt
 
