@@ -459,14 +459,7 @@ def _arm_event_writes(monkeypatch, fail_from: int) -> None:
     monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
 
 
-TB_XFAIL = pytest.mark.xfail(strict=True, reason="issue 15: tensorboard's writer thread re-raises the OSError: "
-                                                 "'Exception in thread' traceback on stderr (first write), or a "
-                                                 "traceback and exit 1 (a later write); TensorBoard callback in "
-                                                 "train/callbacks.py")
-
-
-@pytest.mark.parametrize("fail_from", [pytest.param(1, marks=TB_XFAIL, id="first-write"),
-                                       pytest.param(3, marks=TB_XFAIL, id="later-write")])
+@pytest.mark.parametrize("fail_from", [1, 3], ids=["first-write", "later-write"])
 def test_disk_full_writing_tensorboard_events_is_one_line(run_copy, capsys, monkeypatch, fail_from):
     before = snapshot(run_copy)
     with monkeypatch.context() as m:
@@ -612,8 +605,6 @@ def test_bad_value_is_one_line_exit_2(tmp_path, capsys, override, key):
     assert not out.exists()  # refused before anything was written
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: YAML 1.1 reads 1e-3 as a string, so a valid learning rate is "
-                                       "refused ('must be float, got str'); fix in recipe/ (--set parsing)")
 def test_exponent_without_a_dot_is_a_number(tmp_path, capsys):
     code, out, err = run_cli(capsys, "train", "-c", RECIPE, "--set", "optim.lr=1e-3", "--print-config")
     assert code == 0, err
@@ -654,9 +645,6 @@ LIMITED = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 15: mnist_cnn at 2048 px builds a Linear(20*512*512, 1000) = 20 GB: "
-                                       "a traceback under a memory limit, the OOM killer without one; needs a "
-                                       "size/memory check in models/ or recipe/ before building")
 def test_image_size_2048_with_a_big_synthetic_set_is_refused_before_allocating(tmp_path):
     cmd = [sys.executable, "-c", LIMITED, "train", "-c", RECIPE, "--epochs", "1", *QUIET, "-o", str(tmp_path / "run"),
            "--set", "data.dataset=synthetic", "--set", "data.image_size=2048", "--set", "data.synthetic_size=100000"]
@@ -714,11 +702,7 @@ def _drop_rng(sd):
 
 EDITS = {"one-more-param-group": _edit_param_groups_more, "no-param-groups": _edit_param_groups_none,
          "param-id-changed": _edit_param_id, "param-missing-from-group": _edit_param_group_size, "no-rng": _drop_rng}
-EDIT_XFAIL = pytest.mark.xfail(strict=True, reason="issue 15: Model.load_checkpoint (train/model.py) passes torch's "
-                                                   "ValueError/TypeError/KeyError through: a traceback, exit 1")
-
-
-@pytest.mark.parametrize("edit", [pytest.param(k, marks=EDIT_XFAIL) for k in EDITS])
+@pytest.mark.parametrize("edit", list(EDITS))
 def test_resuming_an_edited_checkpoint(run_copy, capsys, edit):
     ckpt = run_copy / "ckpt" / "edited.pt"
     sd = torch.load(run_copy / "ckpt" / "mnist_cnn-1_44.pt", weights_only=True)
