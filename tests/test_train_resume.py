@@ -13,6 +13,7 @@ from torchboost.data import build_loader
 from torchboost.errors import CheckpointError
 from torchboost.train.callbacks import CheckpointConfig, History, ModelCheckpoint, TimeMonitor
 from torchboost.train.profiling import DataStarvationMonitor
+from torchboost.train.state import Callback
 from train_tiny import Capture, Scripted, StopAt, batches, tiny_data, tiny_model
 
 EPOCHS, BATCH = 3, 8  # 48 images: 6 updates per epoch
@@ -141,3 +142,27 @@ def test_a_checkpoint_of_another_optimizer_layout_does_not_fit(tmp_path):
     other.optimizer.add_param_group({"params": params[1::2], "weight_decay": 0.0})
     with pytest.raises(CheckpointError, match="does not fit this run .*different number of parameter groups"):
         other.load_checkpoint(tmp_path / "tiny-1_2.pt")
+
+
+class KilledAfterEpoch(Callback):
+    """Stands for a SIGKILL right after the epoch's checkpoint, before History writes its row."""
+
+    def on_train_epoch_end(self, state):
+        raise KeyboardInterrupt
+
+
+def test_a_kill_between_the_epoch_checkpoint_and_the_history_row_loses_no_row(tmp_path, one_thread):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train, test = loaders()
+    torch.manual_seed(7)
+    fresh_model(0).train(2, train, callbacks(a), eval_data=test)
+    torch.manual_seed(7)
+    killed = callbacks(b)
+    killed.insert(-1, KilledAfterEpoch())  # between ModelCheckpoint and History
+    with pytest.raises(KeyboardInterrupt):
+        fresh_model(0).train(2, train, killed, eval_data=test)
+    assert not (b / "history.jsonl").exists()
+    resumed = fresh_model(0)
+    resumed.load_checkpoint(b / "ckpt" / "tiny-1_6.pt")
+    resumed.train(2, train, callbacks(b), eval_data=test)
+    assert rows(b) == rows(a)  # epoch 1's row came from the checkpoint

@@ -1,8 +1,10 @@
 """`History`: the per-epoch record of a run, as history.jsonl, history.csv and history.png.
 
 All three are rewritten atomically after every epoch (a crash leaves the previous version, never half a
-file; a failed plot never replaces a good one). A resumed run continues the history; a damaged
-history.jsonl is set aside as history.jsonl.damaged with a warning, keeping the rows before the damage.
+file; a failed plot never replaces a good one). A resumed run continues the history: rows past the resume
+point are dropped, and the row of the checkpoint's own epoch is taken from the checkpoint when a kill
+came before it was written. A damaged history.jsonl is set aside as history.jsonl.damaged with a warning,
+keeping the rows before the damage.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ def read_history(path: Path) -> tuple[list[dict], int | None]:
     return rows, None
 
 
+def epoch_row(state: TrainState, epoch: int) -> dict:
+    """The row of `epoch` (1-based): its number, the update count and every numeric epoch result."""
+    row = {"epoch": epoch, "global_step": state.global_step}
+    row.update({k: v for k, v in state.eval_results.items() if isinstance(v, (int, float))})
+    return row
+
+
 def to_csv(rows: list[dict]) -> str:
     """CSV text of the rows; the header is the union of their keys in first-seen order (missing = empty)."""
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -60,27 +69,28 @@ class History(Callback):
         return self.directory / "history.jsonl"
 
     def on_train_begin(self, state: TrainState) -> None:
-        if is_main_process():
+        main = is_main_process()
+        if main:
             remove_stale_temps(self.directory)
-        if not self.path.exists():
-            return
-        rows, damaged_at = read_history(self.path)
-        self.records = [r for r in rows if r["epoch"] <= state.epoch]  # a resumed run continues its history
-        if damaged_at is None or not is_main_process():
-            return
-        aside = self.path.with_name(self.path.name + ".damaged")
-        try:
-            os.replace(self.path, aside)
-        except OSError as e:
-            raise output_error(aside, e) from e
-        state.log(f"warning: {self.path} is damaged at line {damaged_at}; moved it to {aside.name} and kept the "
-                  f"{len(rows)} rows before the damage")
-        self.write()
+        rows, damaged_at = read_history(self.path) if self.path.exists() else ([], None)
+        done = state.epoch  # epochs completed before this run (0 when not resumed)
+        self.records = [r for r in rows if r["epoch"] <= done]
+        repaired = done > 0 and bool(state.eval_results) and not any(r["epoch"] == done for r in self.records)
+        if repaired:  # killed after the epoch's checkpoint, before its row: the checkpoint holds the results
+            self.records.append(epoch_row(state, done))
+        if damaged_at is not None and main:
+            aside = self.path.with_name(self.path.name + ".damaged")
+            try:
+                os.replace(self.path, aside)
+            except OSError as e:
+                raise output_error(aside, e) from e
+            state.log(f"warning: {self.path} is damaged at line {damaged_at}; moved it to {aside.name} and kept "
+                      f"the {len(rows)} rows before the damage")
+        if main and (repaired or damaged_at is not None):
+            self.write()
 
     def on_train_epoch_end(self, state: TrainState) -> None:
-        record = {"epoch": state.epoch + 1, "global_step": state.global_step}
-        record.update({k: v for k, v in state.eval_results.items() if isinstance(v, (int, float))})
-        self.records.append(record)
+        self.records.append(epoch_row(state, state.epoch + 1))
         if is_main_process():
             self.write()
 

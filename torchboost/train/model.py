@@ -102,6 +102,8 @@ class Model:
             "epoch_sums": state.epoch_sums(), "epoch_elapsed_s": time.perf_counter() - state.epoch_start,
             "callbacks": {k: sd for k, cb in keyed_callbacks(state.callbacks) if (sd := cb.state_dict())},
         }
+        if epoch_complete:  # the epoch's results: a resumed History adds the row a kill may have cost
+            ckpt["epoch_results"] = {k: v for k, v in state.eval_results.items() if isinstance(v, (int, float))}
         if self.ema is not None:
             ckpt["ema"] = self.ema.state_dict()
         ckpt.update(self.extra_state)
@@ -219,6 +221,7 @@ class Model:
                 cb.load_state_dict(saved[key])
         if ckpt["epoch_complete"]:
             state.epoch = int(ckpt["epoch"]) + 1
+            state.eval_results = dict(ckpt.get("epoch_results", {}))
             return state.epoch, 0
         state.epoch, state.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step_in_epoch"])
         if "epoch_sums" in ckpt:  # absent in checkpoints written before they were saved
