@@ -262,9 +262,10 @@ def test_a_folder_holding_only_checkpoints_is_refused(tmp_path, base_run, capsys
 
 
 def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys):
-    """As documented in recipe/outputs.py: --overwrite removes RUN_FILES and RUN_DIRS (ckpt/, tensorboard/,
-    ...) of the earlier run; anything else in the folder stays."""
+    """As documented in recipe/outputs.py: --overwrite removes the earlier run's files, checkpoints and
+    TensorBoard/profiler folders; anything else in the folder (ckpt/ included) stays."""
     (run_copy / "notes.txt").write_text("mine")
+    (run_copy / "ckpt" / "my-notes.txt").write_text("mine too")  # only the run's own checkpoints go
     (run_copy / "data").mkdir()
     (run_copy / "data" / "x.bin").write_bytes(b"\x01\x02")
     old_events = sorted((run_copy / "tensorboard").iterdir())
@@ -273,6 +274,7 @@ def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys
     assert (run_copy / "notes.txt").read_text() == "mine" and (run_copy / "data" / "x.bin").read_bytes() == b"\x01\x02"
     assert not any(p.exists() for p in old_events)
     assert checkpoints(run_copy) == ["mnist_cnn-1_44.pt", "mnist_cnn-best.pt"]
+    assert (run_copy / "ckpt" / "my-notes.txt").read_text() == "mine too"
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["train"]["seed"] == 1
     assert [r["epoch"] for r in history_rows(run_copy)] == [1]
 
@@ -723,8 +725,6 @@ def test_dim_reduce_basis_holding_an_object_array(tmp_path, capsys):
     one_line_error(code, err, npy, "object array", "float matrix")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: migrate/ has no safetensors dtype for complex128: "
-                                       "KeyError(torch.complex128) traceback")
 def test_convert_of_a_complex128_tensor_to_safetensors(tmp_path, capsys):
     src, dst = tmp_path / "c.pt", tmp_path / "c.safetensors"
     torch.save({"w": torch.zeros(3, dtype=torch.complex128)}, src)

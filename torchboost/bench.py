@@ -28,7 +28,7 @@ from .train.model import Model
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("train", "data", "both")
-WAIT_WARN = 0.05  # DESIGN §8: data wait above 5% of the step is starvation
+WAIT_WARN = 0.05  # data wait above 5% of the step is starvation
 
 
 @dataclass

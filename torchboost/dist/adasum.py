@@ -1,4 +1,4 @@
-"""Adasum: adaptive summation of per-rank weight deltas (DESIGN §6), per parameter tensor:
+"""Adasum: adaptive summation of per-rank weight deltas (Adasum paper, MLSys 2021; Horovod), per parameter tensor:
 
     Adasum(a, b) = (1 - a·b / (2‖a‖²)) a + (1 - a·b / (2‖b‖²)) b     (coefficient 1 when ‖·‖² < 1e-8)
 

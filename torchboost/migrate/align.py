@@ -1,4 +1,4 @@
-"""`align`: run ONE training step on two implementations and report the first divergence (DESIGN §8).
+"""`align`: run ONE training step on two implementations and report the first divergence.
 
 Both sides get the same seed, the same batch, the same initial weights (ours copied into the reference by
 name, through a name map when the names differ), dropout off and BatchNorm in training mode, fp32. Each

@@ -1,4 +1,4 @@
-"""Tensor-pair comparison metrics and the pass rule (Ascend msprobe / TroubleShooter conventions, DESIGN §8).
+"""Tensor-pair comparison metrics and the pass rule (Ascend msprobe / TroubleShooter conventions).
 
 Metrics are computed in float64 over the elements that are finite on both sides; NaN/inf positions are
 judged separately (same positions and same values on both sides is not a divergence, anything else is).
@@ -48,7 +48,7 @@ def _share(mask: torch.Tensor) -> float:
 
 
 def compare_tensors(ours: torch.Tensor, ref: torch.Tensor) -> Metrics:
-    """All DESIGN §8 metrics for one tensor pair (any dtype/device; computed in float64 on CPU)."""
+    """All the comparison metrics for one tensor pair (any dtype/device; computed in float64 on CPU)."""
     n = ours.numel()
     if tuple(ours.shape) != tuple(ref.shape):
         return Metrics(0.0, math.inf, math.inf, 0.0, 0.0, 0.0, n, shape_mismatch=True)

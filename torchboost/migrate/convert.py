@@ -71,8 +71,13 @@ def save_torch_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) ->
     with atomic_path(path) as tmp:
         if file_kind(path) == "safetensors":
             from safetensors.torch import save_file
-            # safetensors refuses tensors sharing storage; contiguous clones are independent.
-            save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(tmp))
+
+            try:  # safetensors refuses tensors sharing storage; contiguous clones are independent.
+                save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, str(tmp))
+            except KeyError as e:  # its dtype table has no such dtype (complex, ...): name the tensor
+                bad = next((k for k, v in state.items() if v.dtype == e.args[0]), "a tensor")
+                raise CheckpointError(f"{bad} is {str(e.args[0]).removeprefix('torch.')}, which safetensors cannot "
+                                      "store", "write a .pt file instead, or convert that tensor") from None
         else:
             torch.save(state, tmp)
 

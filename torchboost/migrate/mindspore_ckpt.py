@@ -1,4 +1,4 @@
-"""Read and write MindSpore `.ckpt` files without MindSpore (schema: DESIGN §8).
+"""Read and write MindSpore `.ckpt` files without MindSpore (protobuf schema below).
 
     message Checkpoint  { repeated Value value = 1; }
     message Value       { required string tag = 1;

@@ -17,7 +17,7 @@ from ..errors import ConfigError
 def param_groups(model: nn.Module, weight_decay: float, decay_bn_and_bias: bool = False,
                  patterns: Optional[Mapping[str, float]] = None) -> list[dict]:
     """Groups for SGD/AdamW. A parameter with fewer than 2 dimensions is a bias or a normalisation
-    scale/shift: exactly the set the seed recipe exempts, and right for layers we don't know about."""
+    scale/shift: exactly the set the NVIDIA ResNet-50 recipe exempts, and right for layers we don't know about."""
     return weight_decay_groups(model, patterns or {}, weight_decay, exempt_bn_and_bias=not decay_bn_and_bias)
 
 

@@ -18,7 +18,7 @@ def _warmup(i: int, lr_init: float, lr_max: float, warmup_steps: int) -> float:
 
 
 def seed_cosine_lr(lr_init: float, lr_max: float, total_steps: int, warmup_steps: int = 0) -> np.ndarray:
-    """The seed recipe's cosine (MindSpore model zoo `lr_decay_mode="cosine"`), reproduced exactly:
+    """The NVIDIA ResNet-50 recipe's cosine (MindSpore model zoo `lr_decay_mode="cosine"`), reproduced exactly:
     linear warmup, then lr_max * ((total - i)/decay_steps * 0.5 * (1 + cos(2*0.47*pi*i/decay_steps)) + 1e-5).
     Note the odd shape: a linear ramp times a cosine that does not reach its minimum."""
     decay_steps = total_steps - warmup_steps

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator, Optional
@@ -23,6 +24,7 @@ from torchboost.fileio import atomic_path
 # are not evidence of another run, and --overwrite keeps them.
 RUN_FILES = ("config.yaml", "history.jsonl", "history.csv", "history.png")
 RUN_DIRS = ("ckpt", "tensorboard", "profile")
+CHECKPOINT = re.compile(r".+-(\d+_\d+|best)\.pt$")  # ModelCheckpoint's names: PREFIX-E_S.pt, PREFIX-best.pt
 
 
 def previous_run(out: Path) -> list[str]:
@@ -45,7 +47,8 @@ def check_output(out: Path, resume: Optional[str], overwrite: bool) -> None:
 
 @contextlib.contextmanager
 def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[None]:
-    """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's artifacts."""
+    """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's artifacts
+    (its files, its checkpoints, its TensorBoard and profiler folders; nothing else)."""
     check_output(out, resume, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -65,11 +68,19 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[
         lock.write(f"pid {os.getpid()}\n")
         lock.flush()
         if overwrite and not resume:
-            for name in RUN_FILES:
-                (out / name).unlink(missing_ok=True)
-            for name in RUN_DIRS:
-                shutil.rmtree(out / name, ignore_errors=True)
+            remove_run(out)
         yield
+
+
+def remove_run(out: Path) -> None:
+    """The earlier run's artifacts, and only those: a user's own files in the folder (ckpt/ included) stay."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for path in (out / "ckpt").glob("*.pt"):
+        if CHECKPOINT.match(path.name):
+            path.unlink()
+    for name in ("tensorboard", "profile"):
+        shutil.rmtree(out / name, ignore_errors=True)
 
 
 def carry_history(resume: str, out: Path) -> None:
