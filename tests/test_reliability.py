@@ -273,7 +273,7 @@ def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys
     assert code == 0, err
     assert (run_copy / "notes.txt").read_text() == "mine" and (run_copy / "data" / "x.bin").read_bytes() == b"\x01\x02"
     assert not any(p.exists() for p in old_events)
-    assert checkpoints(run_copy) == ["mnist_cnn-1_44.pt", "mnist_cnn-best.pt"]
+    assert checkpoints(run_copy) == ["mnist_cnn-1_44.pt", "mnist_cnn-best.pt", "my-notes.txt"]
     assert (run_copy / "ckpt" / "my-notes.txt").read_text() == "mine too"
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["train"]["seed"] == 1
     assert [r["epoch"] for r in history_rows(run_copy)] == [1]
