@@ -25,8 +25,8 @@ from torchboost.optim import THOR
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
-from torchboost.recipe.race_report import (format_markdown, format_report, headline, load_lanes, summarize,
-                                           write_results)
+from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes,
+                                           summarize, write_results)
 
 # The headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,
 # momentum 0.9, weight decay 5e-4, no label smoothing; THOR damping 0.1, frequency 10, split 128.
@@ -117,7 +117,7 @@ def report(lanes: list, targets: tuple[float, ...], settings: dict) -> None:
     print(format_report(summary, settings.get("threads", torch.get_num_threads())))
     print(format_markdown(summary))
     for name in dict.fromkeys(l.racer for l in lanes):
-        if name.startswith("thor"):
+        if is_thor(name):
             print(headline(summary, name))
 
 

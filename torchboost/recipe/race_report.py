@@ -54,9 +54,15 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
     return out
 
 
+def is_thor(name: str) -> bool:
+    """THOR and its variants (thor-muon, thor[...]) are one family: a variant is not THOR's rival."""
+    return name.startswith("thor")
+
+
 def ratio_to_best_other(rows: dict, name: str) -> float:
-    """name's median seconds / the fastest other racer's (inf/nan when a side never got there)."""
-    others = [r["median_seconds"] for n, r in rows.items() if n != name]
+    """name's median seconds / the fastest other racer's (for a THOR racer: the fastest non-THOR one);
+    inf/nan when a side never got there."""
+    others = [r["median_seconds"] for n, r in rows.items() if n != name and not (is_thor(name) and is_thor(n))]
     if not others:
         return math.nan
     best_other, mine = min(others), rows[name]["median_seconds"]
@@ -66,7 +72,8 @@ def ratio_to_best_other(rows: dict, name: str) -> float:
 
 
 def headline(summary: dict, name: str) -> str:
-    """The one-line result: name's median seconds-to-target over the best other optimizer's, per target."""
+    """The one-line result: name's median seconds-to-target over the best other (non-THOR, for THOR
+    racers) optimizer's, per target."""
     parts = [f"{float(t):.1%} {ratio_to_best_other(rows, name):.2f}x" for t, rows in summary["targets"].items()]
     return f"{name}/best-other seconds-to-target: " + ", ".join(parts)
 
