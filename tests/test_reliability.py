@@ -184,10 +184,6 @@ def test_resume_mid_epoch_records_the_uninterrupted_history(tmp_path, capsys, mo
     assert temps(broken) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: killed between the epoch-end checkpoint and History's write (here: "
-                                       "while writing the best checkpoint), the resumed run starts at the next epoch "
-                                       "and history.jsonl never gets the row of the epoch that ended; train/ (History "
-                                       "or the checkpoint should carry the epoch's row)")
 def test_killed_between_the_epoch_checkpoint_and_the_history_write(tmp_path, capsys, monkeypatch):
     from torchboost.train.callbacks import ModelCheckpoint
 
@@ -404,7 +400,7 @@ WRITE_SITES = [
     ("fsync", "history.csv", "history.csv"),
     ("replace", "history.png", "history.png"),
     ("fsync", "history.png", "history.png"),
-    ("open", "config.yaml", "config.yaml"),
+    ("fsync", "config.yaml", "config.yaml"),
     ("replace", "config.yaml", "config.yaml"),
     ("makedirs", "tensorboard", "tensorboard"),
 ]
@@ -475,7 +471,7 @@ def test_disk_full_writing_tensorboard_events_is_one_line(run_copy, capsys, monk
 @pytest.mark.parametrize("code_,reason", [(errno.EACCES, "permission denied"), (errno.EROFS, "read-only file system")])
 @pytest.mark.parametrize("how,name,target", [("replace", "history.jsonl", "history.jsonl"),
                                               ("torch.save", "mnist_cnn-2_44.pt", "ckpt/mnist_cnn-2_44.pt"),
-                                              ("open", "config.yaml", "config.yaml")])
+                                              ("replace", "config.yaml", "config.yaml")])
 def test_permission_errors_are_one_line(run_copy, capsys, monkeypatch, how, name, target, code_, reason):
     before = snapshot(run_copy)
     with monkeypatch.context() as m:

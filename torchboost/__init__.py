@@ -5,7 +5,8 @@ Progressive disclosure: `Model(net, loss_fn, optimizer).train(epochs, data)` for
 `torchboost.recipe` runs whole jobs from YAML recipes (what the `torchboost` command does).
 """
 
-from torchboost.errors import CheckpointError, ConfigError, DataError, DistributedError, TorchboostError
+from torchboost.errors import (CheckpointError, ConfigError, DataError, DistributedError, OutputError,
+                               TorchboostError, TrainingError)
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, list_models
 from torchboost.optim import THOR, get_thor_damping, get_thor_lr, thor
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "TorchboostError", "ConfigError", "DataError", "CheckpointError", "DistributedError",
+    "OutputError", "TrainingError",
     "CrossEntropySmooth", "create_model", "list_models", "THOR", "thor", "get_thor_lr", "get_thor_damping",
     "seed_everything", "Model", "TrainStep", "TrainState", "StepHook", "Callback", "LossMonitor", "TimeMonitor",
     "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",

@@ -79,7 +79,8 @@ def save_torch_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) ->
                 raise CheckpointError(f"{bad} is {str(e.args[0]).removeprefix('torch.')}, which safetensors cannot "
                                       "store", "write a .pt file instead, or convert that tensor") from None
         else:
-            torch.save(state, tmp)
+            with open(tmp, "wb") as f:  # a file object: a full disk surfaces as OSError, not RuntimeError
+                torch.save(state, f)
 
 
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:

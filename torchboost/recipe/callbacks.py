@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from torchboost.recipe.config import Config
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint,
                                         ProgressBar, TensorBoard, TimeMonitor)
+from torchboost.train.metrics import monitor_mode
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
 
@@ -37,8 +38,3 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
     except ImportError:
         log("note: TensorBoard not installed; `pip install tensorboard` for event files")
     return callbacks, ckpt_cb
-
-
-def monitor_mode(metric: str) -> str:
-    """Losses improve downwards, accuracies upwards."""
-    return "min" if metric.endswith("loss") else "max"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from torchboost.errors import ConfigError, OutputError
-from torchboost.fileio import atomic_path
+from torchboost.fileio import atomic_write
 
 # What `torchboost train` writes into an output folder (the run's artifacts, nothing else is touched).
 # The per-rank worklogs in log/ are opened before the folder is claimed and only ever appended to: they
@@ -89,13 +89,8 @@ def carry_history(resume: str, out: Path) -> None:
     if source == out.resolve() or (out / "history.jsonl").exists():
         return
     if (source / "history.jsonl").is_file():
-        _write_text(out / "history.jsonl", (source / "history.jsonl").read_text())
+        atomic_write(out / "history.jsonl", (source / "history.jsonl").read_text())
 
 
 def write_config(out: Path, text: str) -> None:
-    _write_text(out / "config.yaml", text)
-
-
-def _write_text(path: Path, text: str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    atomic_write(out / "config.yaml", text)
