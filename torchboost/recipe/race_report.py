@@ -71,10 +71,19 @@ def ratio_to_best_other(rows: dict, name: str) -> float:
     return mine / best_other
 
 
+def fmt_ratio(r: float) -> str:
+    """A ratio for people: 'never' when this racer missed the target, 'only one' when every rival did."""
+    if math.isnan(r):
+        return "n/a"
+    if math.isinf(r):
+        return "never"
+    return "only one" if r == 0 else f"{r:.2f}x"
+
+
 def headline(summary: dict, name: str) -> str:
     """The one-line result: name's median seconds-to-target over the best other (non-THOR, for THOR
     racers) optimizer's, per target."""
-    parts = [f"{float(t):.1%} {ratio_to_best_other(rows, name):.2f}x" for t, rows in summary["targets"].items()]
+    parts = [f"{float(t):.1%} {fmt_ratio(ratio_to_best_other(rows, name))}" for t, rows in summary["targets"].items()]
     return f"{name}/best-other seconds-to-target: " + ", ".join(parts)
 
 
@@ -89,7 +98,7 @@ def format_report(summary: dict, threads: int) -> str:
         for name, r in rows.items():
             lines.append(f"{float(t):>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
                          f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} "
-                         f"{ratio_to_best_other(rows, name):>12.2f}x {per_epoch[name] / per_epoch[first]:>17.2f}x")
+                         f"{fmt_ratio(ratio_to_best_other(rows, name)):>13} {per_epoch[name] / per_epoch[first]:>17.2f}x")
     return "\n".join(lines)
 
 
@@ -103,7 +112,7 @@ def format_markdown(summary: dict) -> str:
         for name, r in by_name.items():
             rows.append(f"| {float(t):.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
                         f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | "
-                        f"{ratio_to_best_other(by_name, name):.2f}× | {per_epoch[name] / per_epoch[first]:.2f}× |")
+                        f"{fmt_ratio(ratio_to_best_other(by_name, name))} | {per_epoch[name] / per_epoch[first]:.2f}x |")
     return "\n".join(rows)
 
 
