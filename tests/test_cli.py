@@ -120,3 +120,12 @@ def test_convert_round_trip_keeps_tensors(run, tmp_path, capsys):
     want = load_checkpoint(ckpt)["model"]
     got = torch.load(pt, weights_only=True)
     assert set(got) <= set(want) and all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_convert_reads_torch_files_by_content(run, tmp_path, capsys):
+    """A torch checkpoint named .ckpt (torchboost's old training-checkpoint name) is read as torch, not
+    refused as a malformed MindSpore file."""
+    old = tmp_path / "mnist-12_62.ckpt"
+    old.write_bytes((run / "ckpt" / "mnist_cnn-1_44.pt").read_bytes())
+    assert main(["convert", str(old), str(tmp_path / "x.safetensors"), "--arch", "none"]) == 0
+    assert "wrote" in capsys.readouterr().out

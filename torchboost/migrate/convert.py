@@ -16,6 +16,7 @@ import torch
 
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.fileio import atomic_path
+from torchboost.train.checkpoint import is_torch_file
 from torchboost.migrate.mindspore_ckpt import load_mindspore_ckpt, save_mindspore_ckpt
 from torchboost.migrate.names import MappingReport, mindspore_to_torch, torch_to_mindspore
 from torchboost.migrate.paddle_names import paddle_to_torch, torch_to_paddle
@@ -83,9 +84,18 @@ def save_torch_state(path: str | os.PathLike, state: dict[str, torch.Tensor]) ->
                 torch.save(state, f)
 
 
+def source_kind(path: str | os.PathLike) -> str:
+    """The format of a file to read: its extension, except that a torch file named .ckpt (what torchboost
+    called its training checkpoints before they became .pt) is read as the torch file it is."""
+    kind = file_kind(path)
+    if kind == "ckpt" and Path(path).is_file() and is_torch_file(path):
+        return "torch"
+    return kind
+
+
 def load_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """{name: tensor} from any supported file, with the names it was saved with."""
-    kind = file_kind(path)
+    kind = source_kind(path)
     if kind == "ckpt":
         return load_mindspore_ckpt(path)
     if kind == "pdparams":
@@ -124,7 +134,7 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, arch: str |
     add_background: when writing a MindSpore .ckpt, add the zoo's class 0 -> 1001 classes.
     strict: refuse (CheckpointError naming the first problem) unless every tensor maps cleanly.
     """
-    src, dst = file_kind(in_path), file_kind(out_path)
+    src, dst = source_kind(in_path), file_kind(out_path)
     if src == dst and src in FRAMEWORKS:
         raise ConfigError(f"both files are {FRAMEWORKS[src]}: nothing to convert", "write a .pt/.safetensors")
     if drop_background and src != "ckpt":
