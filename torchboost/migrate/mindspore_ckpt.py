@@ -36,6 +36,7 @@ import torch
 
 from torchboost.errors import CheckpointError
 from torchboost.fileio import atomic_path
+from torchboost.migrate.entries import check_entry
 from torchboost.migrate.protowire import (Malformed, expect_len, iter_fields, len_prefix, read_varint,
                                           varint_bytes)
 
@@ -217,12 +218,7 @@ def save_mindspore_ckpt(path: str | os.PathLike, tensors: dict[str, torch.Tensor
     """
     items = []
     for tag, t in tensors.items():
-        if not isinstance(tag, str) or not tag or not isinstance(t, torch.Tensor):
-            raise CheckpointError(f"cannot save entry {tag!r}: need a non-empty str name and a torch.Tensor",
-                                  "pass {name: tensor}")
-        if t.dtype not in DTYPE_NAMES:
-            raise CheckpointError(f"tensor {tag!r} has dtype {t.dtype}, which MindSpore checkpoints cannot hold",
-                                  "convert it to float32/float16/bfloat16/int/bool first")
+        check_entry(tag, t, DTYPE_NAMES, "MindSpore checkpoints", "convert it to float32/float16/bfloat16/int/bool first")
         t = t.detach().cpu().contiguous()
         raw = memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
         items.append((tag, DTYPE_NAMES[t.dtype], list(t.shape) or [0], raw, t.dtype.itemsize))

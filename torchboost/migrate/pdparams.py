@@ -20,6 +20,7 @@ import torch
 
 from torchboost.errors import CheckpointError
 from torchboost.fileio import atomic_path
+from torchboost.migrate.entries import check_entry
 from torchboost.migrate.safe_pickle import TORCH_TO_NUMPY, safe_unpickle
 
 NAME_TABLE = "StructuredToParameterName@@"
@@ -101,12 +102,7 @@ def save_pdparams(state: dict[str, torch.Tensor], path: str | os.PathLike) -> No
     """Write {structured name: tensor} as a .pdparams file that `paddle.load` reads, atomically."""
     tensors = {}
     for name, t in state.items():
-        if not isinstance(name, str) or not name or not isinstance(t, torch.Tensor):
-            raise CheckpointError(f"cannot save entry {name!r}: need a non-empty str name and a torch.Tensor",
-                                  "pass {name: tensor}")
-        if t.dtype not in TORCH_TO_NUMPY:
-            raise CheckpointError(f"tensor {name!r} has dtype {t.dtype}, which a numpy-based .pdparams cannot hold",
-                                  "convert it to float32/float16/int/bool first")
+        check_entry(name, t, TORCH_TO_NUMPY, "a numpy-based .pdparams", "convert it to float32/float16/int/bool first")
         tensors[name] = t.detach().cpu().contiguous()
     if not tensors:
         raise CheckpointError(f"nothing to save to {path}", "pass at least one tensor")
