@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.thor.preconditioner import ThorPreconditioner
 
 
@@ -58,7 +59,5 @@ def thor_muon(model: nn.Module, lr: float, momentum: float = 0.95, weight_decay:
               nesterov: bool = True, **thor_options: Any) -> ThorPreconditioned:
     """Muon (hidden weights) + AdamW (input layer, head, biases) on THOR-preconditioned gradients:
     G^-1 grad A^-1 is orthogonalised instead of the raw gradient."""
-    from torchboost.optim.muon import muon_optimizer
-
     pre = ThorPreconditioner(model, **thor_options)
     return ThorPreconditioned(muon_optimizer(model, lr, momentum, weight_decay, nesterov), pre)
