@@ -113,7 +113,7 @@ def sync(device: torch.device) -> None:
 def build_model(opts: BenchOptions, device: torch.device,
                 optimizer: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None) -> Model:
     """torchboost's Model with the options' fast paths; `optimizer(net)` defaults to momentum SGD with
-    foreach updates (as builders.py makes it)."""
+    foreach updates (as recipe/build.py makes it)."""
     channels = _channels(opts.model)
     kw = {"image_size": opts.image_size} if opts.model == "mnist_cnn" else {}
     net = create_model(opts.model, num_classes=opts.num_classes, in_chans=channels, **kw).to(device)

@@ -51,12 +51,14 @@ def build_pca_basis(weights: Sequence, n_components: int, names: Sequence[str] |
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
-    """Checkpoint files of a run folder, sorted by name."""
+    """Checkpoint files of a run folder, sorted by name: the trajectory's samples. PREFIX-best.pt is a
+    copy of one of them (the best epoch's weights) and would count that point twice, so it is left out."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"dim_reduce weight_load_dir {folder} is not a folder",
                           "point it at the checkpoint folder of the first training stage")
-    return sorted(p for p in folder.iterdir() if p.suffix in CHECKPOINT_SUFFIXES and p.is_file())
+    return sorted(p for p in folder.iterdir()
+                  if p.suffix in CHECKPOINT_SUFFIXES and p.is_file() and not p.name.endswith("-best.pt"))
 
 
 def load_state_dict(path: str | Path) -> Mapping[str, torch.Tensor]:

@@ -51,7 +51,7 @@ class LossMonitor(Callback):
 
 
 class TimeMonitor(Callback):
-    """Per-epoch time, ms per update and images/s (data wait: `torchboost.profiling.DataStarvationMonitor`).
+    """Per-epoch time, ms per update and images/s (data wait: `torchboost.train.profiling.DataStarvationMonitor`).
 
     Reads what `Model.train` measured (the epoch's training time, updates and samples, all carried across
     a resume), so a resumed epoch reports the whole epoch."""
