@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from torchboost.optim import THOR, MuonAdamW
+from torchboost.optim import THOR, MuonAdamW, ThorPreconditioned, ThorPreconditioner
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
@@ -60,9 +60,10 @@ def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
     return Racer(name, lrs, build)
 
 
-def muon_all_convs(cfg, lrs) -> Racer:
+def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     """Muon on every conv filter bank, the input conv included (the issue's Muon setup); AdamW for the head
-    and biases - against `muon`, which keeps the input layer on AdamW as Muon's authors recommend."""
+    and biases - against `muon`, which keeps the input layer on AdamW as Muon's authors recommend. With
+    THOR options: the same on THOR-preconditioned gradients."""
     def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
         convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
         rest = [p for p in model.parameters() if all(p is not c for c in convs)]
@@ -70,8 +71,11 @@ def muon_all_convs(cfg, lrs) -> Racer:
         groups = [dict(params=convs, use_muon=True, lr_scale=1.0),
                   dict(params=decay, lr=lr / 10, lr_scale=0.1), dict(params=no_decay, lr=lr / 10, lr_scale=0.1,
                                                                       weight_decay=0.0)]
-        return MuonAdamW(groups, lr=lr, weight_decay=cfg.optim.weight_decay)
-    return Racer("muon-all-convs", lrs or DEFAULT_LRS["muon"], build)
+        opt = MuonAdamW(groups, lr=lr, weight_decay=cfg.optim.weight_decay)
+        if not thor:
+            return opt
+        return ThorPreconditioned(opt, ThorPreconditioner(model, **{**cfg.optim.thor, **thor}))
+    return Racer(name, lrs or DEFAULT_LRS["muon"], build)
 
 
 VARIANTS = {
@@ -84,8 +88,8 @@ def make_racer(name: str, cfg, lrs) -> Racer:
     """A built-in racer, or a THOR variant with extra options: `thor[graft=grad]`, `thor-muon[factor_samples=64]`."""
     base, _, opts = name.partition("[")
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
-    if name == "muon-all-convs":
-        return muon_all_convs(cfg, lrs)
+    if base in ("muon-all-convs", "thor-muon-all-convs"):
+        return muon_all_convs(name, cfg, lrs, **extra)
     if extra:
         return VARIANTS[base](name, cfg, lrs, **extra)
     return builtin_racer(base, cfg, lrs)
@@ -95,7 +99,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", choices=list(TASKS), default="mnist_cnn/mnist5k/b256")
     p.add_argument("--racers", nargs="+", default=["sgd", "adamw", "muon", "thor"],
-                   help="sgd adamw muon thor thor-muon muon-all-convs, or a THOR variant: 'thor[graft=grad]'")
+                   help="sgd adamw muon thor thor-muon muon-all-convs, or a THOR variant: 'thor[graft=grad]', "
+                        "'thor-muon-all-convs[factor_samples=64]'")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (split a race over runs)")
