@@ -21,7 +21,7 @@ import torch
 import yaml
 from torch import nn
 
-from torchboost.optim import THOR, MuonAdamW, ThorPreconditioned, ThorPreconditioner
+from torchboost.optim import THOR, muon_optimizer
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
@@ -39,7 +39,8 @@ TASKS = {
     # BatchNorm ResNet on real data: ResNet-18 (3x3 stem) on scikit-learn's digits, batch 128, 15 epochs.
     "resnet18/digits/b128": dict(
         recipe="digits-lenet", targets=(0.975, 0.99),
-        overrides=["model.name=resnet18", "model.small_input=true", "optim.name=thor", "train.epochs=15", "data.batch_size=128",
+        overrides=["model.name=resnet18", "model.small_input=true", "optim.name=thor", "train.epochs=15",
+                   "data.batch_size=128",
                    "train.label_smoothing=0.0", "optim.weight_decay=0.0005", "optim.momentum=0.9",
                    "schedule.mode=cosine", "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
 }
@@ -61,20 +62,13 @@ def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
 
 
 def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
-    """Muon on every conv filter bank, the input conv included (the issue's Muon setup); AdamW for the head
-    and biases - against `muon`, which keeps the input layer on AdamW as Muon's authors recommend. With
-    THOR options: the same on THOR-preconditioned gradients."""
+    """Muon with the input conv on Muon too (the issue's Muon setup; `muon` keeps it on AdamW as Muon's
+    authors recommend); with THOR options, the same on THOR-preconditioned gradients."""
     def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
-        convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
-        rest = [p for p in model.parameters() if all(p is not c for c in convs)]
-        decay, no_decay = [p for p in rest if p.ndim >= 2], [p for p in rest if p.ndim < 2]
-        groups = [dict(params=convs, use_muon=True, lr_scale=1.0),
-                  dict(params=decay, lr=lr / 10, lr_scale=0.1), dict(params=no_decay, lr=lr / 10, lr_scale=0.1,
-                                                                      weight_decay=0.0)]
-        opt = MuonAdamW(groups, lr=lr, weight_decay=cfg.optim.weight_decay)
         if not thor:
-            return opt
-        return ThorPreconditioned(opt, ThorPreconditioner(model, **{**cfg.optim.thor, **thor}))
+            return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
+        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon",
+                         **{**cfg.optim.thor, **thor})
     return Racer(name, lrs or DEFAULT_LRS["muon"], build)
 
 

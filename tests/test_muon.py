@@ -25,6 +25,8 @@ def test_split_mnist_cnn_and_resnet_follow_the_authors():
     assert names(cnn, muon) == {"conv2.weight"}
     assert names(cnn, adamw) == {"conv1.weight", "fc.weight"}  # input layer and head
     assert names(cnn, no_decay) == {"conv1.bias", "conv2.bias", "fc.bias"}
+    muon, adamw, _ = muon_split(cnn, input_layer="muon")  # a shallow CNN's input conv on Muon too
+    assert names(cnn, muon) == {"conv1.weight", "conv2.weight"} and names(cnn, adamw) == {"fc.weight"}
 
     net = create_model("resnet18", num_classes=10, in_chans=3, small_input=True)
     muon, adamw, no_decay = muon_split(net)

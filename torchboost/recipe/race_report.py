@@ -96,9 +96,9 @@ def format_report(summary: dict, threads: int) -> str:
              f"{'s/best other':>13} {f's/epoch vs {first}':>18}"]
     for t, rows in summary["targets"].items():
         for name, r in rows.items():
+            ratio, cost = fmt_ratio(ratio_to_best_other(rows, name)), per_epoch[name] / per_epoch[first]
             lines.append(f"{float(t):>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
-                         f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} "
-                         f"{fmt_ratio(ratio_to_best_other(rows, name)):>13} {per_epoch[name] / per_epoch[first]:>17.2f}x")
+                         f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>13} {cost:>17.2f}x")
     return "\n".join(lines)
 
 
@@ -110,9 +110,9 @@ def format_markdown(summary: dict) -> str:
             f"s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t, by_name in summary["targets"].items():
         for name, r in by_name.items():
+            ratio, cost = fmt_ratio(ratio_to_best_other(by_name, name)), per_epoch[name] / per_epoch[first]
             rows.append(f"| {float(t):.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
-                        f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | "
-                        f"{fmt_ratio(ratio_to_best_other(by_name, name))} | {per_epoch[name] / per_epoch[first]:.2f}x |")
+                        f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
     return "\n".join(rows)
 
 

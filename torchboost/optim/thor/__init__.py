@@ -4,8 +4,8 @@ One concern per module: `factors` captures layer inputs/output gradients (hooks)
 damped block-split inverses, `layer` holds one preconditioned layer's state, `distributed` averages
 factors and shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `args`
 validates the options (`check_thor_options`), `preconditioner` is the curvature applied to `.grad` before
-any optimizer (`ThorPreconditioner`) `optimizer` is THOR's momentum update built on it and `wrap` puts the preconditioner in front of any
-optimizer as one Optimizer (`ThorPreconditioned`, `thor_muon`).
+any optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum update built on it, and `wrap` puts
+the preconditioner in front of any optimizer as one Optimizer (`ThorPreconditioned`, `thor_muon`).
 """
 
 from torchboost.optim.thor.args import check_thor_options
@@ -14,4 +14,5 @@ from torchboost.optim.thor.preconditioner import ThorPreconditioner
 from torchboost.optim.thor.schedules import get_thor_damping, get_thor_lr
 from torchboost.optim.thor.wrap import ThorPreconditioned, thor_muon
 
-__all__ = ["THOR", "thor", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options", "get_thor_lr", "get_thor_damping"]
+__all__ = ["THOR", "thor", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
+           "get_thor_lr", "get_thor_damping"]

@@ -7,8 +7,8 @@ Usage in a plain loop (no model conversion):
 
 Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor
 pair per group, the natural block-diagonal structure of a grouped conv) and Linear weight is
-preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); biases, BatchNorm, Conv1d/3d and everything else get plain
-momentum SGD. Then g += weight_decay * w; v = momentum * v + g; w -= lr * v.
+preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); biases, BatchNorm, Conv1d/3d and
+everything else get plain momentum SGD. Then g += weight_decay * w; v = momentum * v + g; w -= lr * v.
 
 A module called several times per forward pools the statistics of all calls (T counts the positions of
 every call). A module not run with gradients on a refresh step has no curvature yet: it keeps the plain

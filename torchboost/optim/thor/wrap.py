@@ -56,8 +56,9 @@ class ThorPreconditioned(torch.optim.Optimizer):
 
 
 def thor_muon(model: nn.Module, lr: float, momentum: float = 0.95, weight_decay: float = 0.0,
-              nesterov: bool = True, **thor_options: Any) -> ThorPreconditioned:
-    """Muon (hidden weights) + AdamW (input layer, head, biases) on THOR-preconditioned gradients:
-    G^-1 grad A^-1 is orthogonalised instead of the raw gradient."""
+              nesterov: bool = True, input_layer: str = "adamw", **thor_options: Any) -> ThorPreconditioned:
+    """Muon (hidden weights) + AdamW (input layer, head, biases; see `muon_split`) on THOR-preconditioned
+    gradients: G^-1 grad A^-1 is orthogonalised instead of the raw gradient."""
     pre = ThorPreconditioner(model, **thor_options)
-    return ThorPreconditioned(muon_optimizer(model, lr, momentum, weight_decay, nesterov), pre)
+    return ThorPreconditioned(muon_optimizer(model, lr, momentum, weight_decay, nesterov, input_layer=input_layer),
+                              pre)
