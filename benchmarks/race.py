@@ -50,13 +50,13 @@ def thor_variant(name: str, cfg, lrs, **extra) -> Racer:
     """THOR with the task's options plus `extra` (a variant being measured)."""
     o = cfg.optim
 
-    def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         return THOR(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, **{**o.thor, **extra})
     return Racer(name, lrs, build)
 
 
 def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
-    def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, **{**cfg.optim.thor, **extra})
     return Racer(name, lrs, build)
 
@@ -64,7 +64,7 @@ def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
 def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     """Muon with the input conv on Muon too (the issue's Muon setup; `muon` keeps it on AdamW as Muon's
     authors recommend); with THOR options, the same on THOR-preconditioned gradients."""
-    def build(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         if not thor:
             return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
         return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon",

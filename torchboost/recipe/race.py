@@ -19,19 +19,19 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 from torch import nn
-
 from torch.utils.data import Dataset
 
 from torchboost.data import build_loader
 from torchboost.errors import ConfigError, suggest
-from torchboost.optim import THOR, muon_optimizer, param_groups
+from torchboost.optim import THOR, get_thor_damping, muon_optimizer, param_groups
 from torchboost.optim.thor import thor_muon
 from torchboost.recipe.build import build_loss, build_model, build_schedule
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
 from torchboost.train.step import TrainStep, prepare_input
 
-BuildFn = Callable[[nn.Module, float, int], torch.optim.Optimizer]  # (model, lr, total updates) -> optimizer
+# (model, lr, updates per epoch, epochs) -> optimizer
+BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
 DEFAULT_LRS = {"sgd": (0.01, 0.02, 0.05), "adamw": (0.001, 0.002, 0.005), "muon": (0.01, 0.02, 0.05),
                "thor": (0.01, 0.02, 0.05), "thor-muon": (0.01, 0.02, 0.05)}
 
@@ -54,22 +54,29 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
     o = cfg.optim
     wd = o.weight_decay
 
-    def sgd(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def sgd(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         groups = param_groups(model, wd, o.decay_bn_and_bias)
         return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov)
 
-    def adamw(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def adamw(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         return torch.optim.AdamW(param_groups(model, wd, o.decay_bn_and_bias), lr=lr)
 
-    def muon(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def muon(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         return muon_optimizer(model, lr=lr, weight_decay=wd)  # Muon's own momentum 0.95, nesterov
 
-    def thor(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
+    def thor_options(steps: int, epochs: int) -> dict:
         kw = {"damping": 0.03, **o.thor}
-        return THOR(model, lr=lr, momentum=o.momentum, weight_decay=wd, use_nesterov=o.nesterov, **kw)
+        decay = kw.pop("damping_decay", None)
+        if decay is not None:  # the recipe's MindSpore damping generator, over this race's updates
+            kw["damping"] = get_thor_damping(0, kw["damping"], decay, epochs, steps)
+        return kw
 
-    def thor_muon_(model: nn.Module, lr: float, total: int) -> torch.optim.Optimizer:
-        return thor_muon(model, lr, weight_decay=wd, **{"damping": 0.03, **o.thor})
+    def thor(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
+        return THOR(model, lr=lr, momentum=o.momentum, weight_decay=wd, use_nesterov=o.nesterov,
+                    **thor_options(steps, epochs))
+
+    def thor_muon_(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
+        return thor_muon(model, lr, weight_decay=wd, **thor_options(steps, epochs))
 
     builders = {"sgd": sgd, "adamw": adamw, "muon": muon, "thor": thor, "thor-muon": thor_muon_}
     if name not in builders:
@@ -129,7 +136,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) ->
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
     steps = len(loader)
     schedule = build_schedule(cfg, lr, steps)
-    opt = racer.build(model, lr, steps * cfg.train.epochs)
+    opt = racer.build(model, lr, steps, cfg.train.epochs)
     loss_fn = build_loss(cfg)
     if racer.make_step is not None:
         step = racer.make_step(model, loss_fn, opt, schedule)
