@@ -301,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("race", help="race optimizers (sgd, adamw, muon, thor) on a recipe: time to accuracy")
     rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
     rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    rc.add_argument("--optimizers", nargs="+", default=["sgd", "adamw", "muon", "thor"], metavar="NAME")
+    rc.add_argument("--optimizers", nargs="+", default=["sgd", "adamw", "muon", "thor"], metavar="NAME",
+                    help="any of sgd adamw muon thor thor-muon (default: sgd adamw muon thor)")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
