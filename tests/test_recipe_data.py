@@ -100,12 +100,12 @@ def test_folder_keys_are_inferred_from_the_images_and_the_model(tmp_path):
     root = _gray_folder(tmp_path / "imgs")
     cfg = build_config({"data": {"dataset": "folder", "path": str(root)}})
     d, train, _ = load_data(cfg)
-    assert (d.channels, d.image_size, d.augment, d.mean, d.std) == (1, 28, "imagenet", [0.5], [0.5])
+    assert (d.channels, d.image_size, d.augment, d.mean, d.std) == (1, 28, "none", [0.5], [0.5])  # digits: no crops
     run = resolve(cfg, d, train, None)
     assert (run.model.num_classes, run.model.in_chans, run.checkpoint.prefix) == (3, 1, "mnist_cnn")
     assert cfg.model.num_classes is None and cfg.data.channels is None  # the input config is unchanged
     resnet = build_config({"model": {"name": "resnet18"}, "data": {"dataset": "folder", "path": str(root)}})
-    assert load_data(resnet)[0].image_size == 224
+    assert load_data(resnet)[0].image_size == 224 and load_data(resnet)[0].augment == "imagenet"
 
 
 def test_a_num_classes_that_contradicts_the_data_is_an_error(tmp_path):

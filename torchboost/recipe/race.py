@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from torchboost.data import build_loader
-from torchboost.errors import ConfigError, suggest
+from torchboost.errors import ConfigError, TrainingError, suggest
 from torchboost.optim import THOR, get_thor_damping, muon_optimizer, param_groups
 from torchboost.optim.thor import thor_muon
 from torchboost.recipe.build import build_loss, build_model, build_schedule
@@ -117,9 +117,12 @@ class Lane:
         self.model.train()
         loss = torch.zeros(())
         start = time.perf_counter()
-        for x, y in batches:
-            loss = self.step(x, y, self.updates)
-            self.updates += 1
+        try:
+            for x, y in batches:
+                loss = self.step(x, y, self.updates)
+                self.updates += 1
+        except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
+            loss = torch.tensor(float("nan"))
         self.seconds += time.perf_counter() - start
         return float(loss)
 
