@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from torchboost.errors import ConfigError, suggest
-from torchboost.recipe.schema import check_type, opt
+from torchboost.recipe.schema import check_type, leaf_fields, opt
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DATASETS = ("mnist5k", "digits", "folder", "mnist_idx", "paddle_json", "synthetic")
@@ -189,7 +189,7 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in fields:
-            raise ConfigError(f"unknown config key '{where}'", suggest(where, [f"{prefix}{n}" for n in fields]))
+            raise ConfigError(f"unknown config key '{where}'", _suggest_key(where, key, obj, prefix))
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             merge(current, value, f"{where}.")
@@ -197,6 +197,14 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
             setattr(obj, key, _deep_merge(current, value))
         else:
             setattr(obj, key, check_type(value, hints[key], where))
+
+
+def _suggest_key(where: str, key: str, obj: Any, prefix: str) -> str:
+    """The same key in another section (data.num_classes -> model.num_classes), else the closest one here."""
+    elsewhere = [k for k, *_ in leaf_fields(Config()) if k.rsplit(".", 1)[-1] == key]
+    if elsewhere:
+        return f"did you mean '{elsewhere[0]}'?"
+    return suggest(where, [f"{prefix}{f.name}" for f in dataclasses.fields(obj)])
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
