@@ -102,3 +102,23 @@ def test_resolved_config_is_what_the_run_saved(tmp_path):
     assert saved == run.config.to_dict()
     assert (saved["model"]["num_classes"], saved["model"]["in_chans"], saved["data"]["image_size"]) == (10, 1, 8)
     assert np.allclose(saved["data"]["mean"], [0.3049], atol=1e-3) and math.isfinite(saved["data"]["std"][0])
+
+
+@pytest.mark.parametrize("name,mom,nest", [("sgd", 0.9, False), ("thor", 0.9, False), ("muon", 0.95, True),
+                                           ("thor_muon", 0.95, True)])
+def test_unset_momentum_is_each_optimizers_own_default(name, mom, nest):
+    cfg, _, _ = load_resolved(None, ["data.dataset=digits", f"optim.name={name}"])
+    assert (cfg.optim.momentum, cfg.optim.nesterov) == (mom, nest)  # recorded in config.yaml and checkpoints
+    cfg, _, _ = load_resolved(None, ["data.dataset=digits", f"optim.name={name}", "optim.momentum=0.5"])
+    assert cfg.optim.momentum == 0.5
+
+
+def test_thor_muon_through_the_recipe(tmp_path):
+    from torchboost.optim import ThorPreconditioned
+
+    cfg = load_config("digits-lenet", FAST + [f"output={tmp_path}", "train.epochs=1", "optim.name=thor_muon",
+                                              "optim.lr=0.02", "optim.momentum=null", "optim.thor={damping: 0.1, frequency: 10}"])
+    resolved, _, _ = load_resolved("digits-lenet", ["optim.name=thor_muon", "optim.momentum=null"])
+    opt = build_optimizer(resolved, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), 0.02)
+    assert isinstance(opt, ThorPreconditioned)
+    assert train_from_config(cfg).eval_results["val_top_1_accuracy"] >= 0.85

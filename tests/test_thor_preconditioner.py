@@ -102,6 +102,15 @@ def test_wrapped_sgd_equals_thor_and_its_state_round_trips():
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14)
 
 
+def reference_step(ref: nn.Module, ref_opt: torch.optim.Optimizer, x, y, damping: float = 0.1) -> None:
+    """One step of `ref_opt` on the float64 dense K-FAC directions of `ref`'s Linear layers."""
+    ref_opt.zero_grad()
+    for i, A, G, grad, bias_grad in linear_stats(ref, x, y):
+        ref[i].weight.grad = torch.from_numpy(direction(A, G, grad, damping))
+        ref[i].bias.grad = torch.from_numpy(bias_grad.copy())
+    ref_opt.step()
+
+
 def test_adamw_after_the_preconditioner_sees_the_preconditioned_gradient():
     net = mlp()
     ref = copy.deepcopy(net)
@@ -110,12 +119,7 @@ def test_adamw_after_the_preconditioner_sees_the_preconditioned_gradient():
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     for k in range(2):
         x, y = batch(k)
-        stats = linear_stats(ref, x, y)
-        ref_opt.zero_grad()
-        for i, A, G, grad, bias_grad in stats:
-            ref[i].weight.grad = torch.from_numpy(direction(A, G, grad, 0.1))
-            ref[i].bias.grad = torch.from_numpy(bias_grad.copy())
-        ref_opt.step()
+        reference_step(ref, ref_opt, x, y)
         opt.zero_grad()
         F.cross_entropy(net(x), y).backward()
         pre.step()
@@ -154,12 +158,7 @@ def test_thor_muon_orthogonalises_the_dense_kfac_direction():
     ref_opt = muon_optimizer(ref, lr=0.02, weight_decay=1e-2)  # Muon for net[2], AdamW for the rest
     for k in range(2):
         x, y = batch(k)
-        stats = linear_stats(ref, x, y)
-        ref_opt.zero_grad()
-        for i, A, G, grad, bias_grad in stats:
-            ref[i].weight.grad = torch.from_numpy(direction(A, G, grad, 0.1))
-            ref[i].bias.grad = torch.from_numpy(bias_grad.copy())
-        ref_opt.step()
+        reference_step(ref, ref_opt, x, y)
         train_step(net, opt, x, y)
     for (n, p), q in zip(net.named_parameters(), ref.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-7, atol=1e-9, err_msg=n)

@@ -21,6 +21,7 @@ from torch.optim import _muon
 from torch.optim.adamw import adamw as _adamw_update
 
 from torchboost.errors import ConfigError
+from torchboost.optim.closure import evaluate_closure
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -44,10 +45,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if any(p.grad.is_sparse for p in params):

@@ -68,17 +68,18 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", choices=("sgd", "adamw", "muon", "thor"))
+    name: str = opt("sgd", choices=("sgd", "adamw", "muon", "thor", "thor_muon"))
     lr: float = opt(0.05, gt=0)
     # When set, lr is for this global batch and is scaled linearly to the real one (lr 0.256 per 256).
     lr_reference_batch: Optional[int] = opt(None, ge=1)
-    momentum: float = opt(0.9, ge=0, lt=1)
-    nesterov: bool = opt(False)
+    momentum: Optional[float] = opt(None, ge=0, lt=1)  # None: 0.9 (SGD, THOR), 0.95 (Muon, THOR-Muon)
+    nesterov: Optional[bool] = opt(None)  # None: on for Muon and THOR-Muon, off for SGD
     weight_decay: float = opt(0.0, ge=0)
     decay_bn_and_bias: bool = opt(False)
     # Per-layer L2: {"layer4.*": 1e-4, "fc.*": 0.0} (fnmatch on parameter names, first match wins).
     weight_decay_groups: dict = opt(factory=dict)
-    # THOR's keyword arguments (frequency, split_dim, damping, damping_decay, ...); see torchboost.optim.THOR.
+    # THOR's keyword arguments (frequency, split_dim, damping, damping_decay, factor_samples, ...) for thor and
+    # thor_muon (Muon on THOR-preconditioned gradients); see torchboost.optim.THOR / ThorPreconditioner.
     thor: dict = opt(factory=dict)
 
 

@@ -25,7 +25,7 @@ from torchboost.data import build_loader
 from torchboost.errors import ConfigError, TrainingError, suggest
 from torchboost.optim import THOR, get_thor_damping, muon_optimizer, param_groups
 from torchboost.optim.thor import thor_muon
-from torchboost.recipe.build import build_loss, build_model, build_schedule
+from torchboost.recipe.build import build_loss, build_model, build_schedule, momentum, nesterov
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
 from torchboost.train.step import TrainStep, prepare_input
@@ -56,7 +56,7 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
 
     def sgd(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         groups = param_groups(model, wd, o.decay_bn_and_bias)
-        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum(o), nesterov=nesterov(o))
 
     def adamw(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         return torch.optim.AdamW(param_groups(model, wd, o.decay_bn_and_bias), lr=lr)
@@ -72,7 +72,7 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
         return kw
 
     def thor(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return THOR(model, lr=lr, momentum=o.momentum, weight_decay=wd, use_nesterov=o.nesterov,
+        return THOR(model, lr=lr, momentum=momentum(o), weight_decay=wd, use_nesterov=nesterov(o),
                     **thor_options(steps, epochs))
 
     def thor_muon_(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:

@@ -8,7 +8,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -89,30 +89,33 @@ def headline(summary: dict, name: str) -> str:
 
 def format_report(summary: dict, threads: int) -> str:
     """The table users read: per target and racer the best lr, seeds reached, median epochs/seconds, ratios."""
-    per_epoch = summary["seconds_per_epoch"]
-    first = next(iter(per_epoch))
+    first = next(iter(summary["seconds_per_epoch"]))
     lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}; seconds = training time, medians over seeds)",
              f"{'target':>7} {'optimizer':<12} {'best lr':>8} {'reached':>8} {'med epochs':>11} {'med s':>8} "
              f"{'s/best other':>13} {f's/epoch vs {first}':>18}"]
+    for t, name, r, ratio, cost in table_rows(summary):
+        lines.append(f"{t:>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
+                     f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>13} {cost:>17.2f}x")
+    return "\n".join(lines)
+
+
+def table_rows(summary: dict) -> Iterator[tuple[float, str, dict, str, float]]:
+    """(target, optimizer, its summary row, seconds ratio to the best other, epoch cost vs the first)."""
+    per_epoch = summary["seconds_per_epoch"]
+    first = next(iter(per_epoch))
     for t, rows in summary["targets"].items():
         for name, r in rows.items():
-            ratio, cost = fmt_ratio(ratio_to_best_other(rows, name)), per_epoch[name] / per_epoch[first]
-            lines.append(f"{float(t):>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
-                         f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>13} {cost:>17.2f}x")
-    return "\n".join(lines)
+            yield float(t), name, r, fmt_ratio(ratio_to_best_other(rows, name)), per_epoch[name] / per_epoch[first]
 
 
 def format_markdown(summary: dict) -> str:
     """The same table as Markdown (for BENCHMARKS.md-style reports)."""
-    per_epoch = summary["seconds_per_epoch"]
-    first = next(iter(per_epoch))
+    first = next(iter(summary["seconds_per_epoch"]))
     rows = ["| target | optimizer | best lr | reached | median epochs | median s | s / best other | "
             f"s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for t, by_name in summary["targets"].items():
-        for name, r in by_name.items():
-            ratio, cost = fmt_ratio(ratio_to_best_other(by_name, name)), per_epoch[name] / per_epoch[first]
-            rows.append(f"| {float(t):.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
-                        f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
+    for t, name, r, ratio, cost in table_rows(summary):
+        rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
+                    f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
     return "\n".join(rows)
 
 

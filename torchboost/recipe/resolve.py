@@ -12,12 +12,14 @@ from torch.utils.data import Dataset
 
 from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError
+from torchboost.recipe.build import momentum, nesterov
 from torchboost.recipe.config import Config, DataConfig
 
 
 def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
     """`cfg` with the data section `recipe.data.load_data` resolved, the model's classes and input
-    channels taken from the data, boost's gradient accumulation and the checkpoint prefix filled in.
+    channels taken from the data, the optimizer's momentum defaults, boost's gradient accumulation and
+    the checkpoint prefix filled in.
     A value the user set that contradicts the data is an error, not silently replaced."""
     classes = len(train_ds.classes)
     m = cfg.model
@@ -35,4 +37,5 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
                               f"grad_accumulation_step={plan.grad_accumulation_step} disagree", "set only one of them")
         train = dataclasses.replace(train, accumulation_steps=plan.grad_accumulation_step)
     checkpoint = dataclasses.replace(cfg.checkpoint, prefix=cfg.checkpoint.prefix or m.name)
-    return dataclasses.replace(cfg, model=model, data=data, train=train, checkpoint=checkpoint)
+    optim = dataclasses.replace(cfg.optim, momentum=momentum(cfg.optim), nesterov=nesterov(cfg.optim))
+    return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)

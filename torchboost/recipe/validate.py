@@ -92,20 +92,21 @@ def _check_optim(cfg: Config) -> None:
         if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
             raise ConfigError(f"optim.weight_decay_groups['{pattern}']={wd!r} is not a number >= 0",
                               "write e.g. {'layer4.*': 1e-4}")
-    if o.name == "thor":
+    if o.name in ("thor", "thor_muon"):
         if o.weight_decay_groups:
-            raise ConfigError("optim.weight_decay_groups is not supported with THOR",
-                              "THOR takes one weight_decay; remove optim.weight_decay_groups")
+            raise ConfigError(f"optim.weight_decay_groups is not supported with optim.name={o.name}",
+                              "it takes one weight_decay; remove optim.weight_decay_groups")
         decay = o.thor.get("damping_decay")  # the recipe's damping generator, not a THOR argument
         if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1):
             raise ConfigError(f"optim.thor.damping_decay={decay!r} is not a number in (0, 1]",
                               "MindSpore's recipe uses 0.5467")
         try:
-            check_thor_options(o.thor, allow=("damping_decay",))
+            check_thor_options(o.thor, allow=("damping_decay",), preconditioner_only=o.name == "thor_muon")
         except ConfigError as e:
             raise ConfigError(f"optim.thor: {e.what}", e.fix) from None
     elif o.thor:
-        raise ConfigError(f"optim.thor is set but optim.name={o.name}", "set optim.name=thor or remove optim.thor")
+        raise ConfigError(f"optim.thor is set but optim.name={o.name}",
+                          "set optim.name=thor (or thor_muon) or remove optim.thor")
     if cfg.schedule.mode == "step" and not cfg.schedule.milestones:
         raise ConfigError("schedule.mode=step needs schedule.milestones", "e.g. --set schedule.milestones=[30,60]")
 

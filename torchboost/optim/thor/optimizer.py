@@ -24,10 +24,11 @@ from torch import Tensor, nn
 
 from torchboost.errors import ConfigError
 from torchboost.optim.thor.args import Schedule, Value, check_thor_options
-from torchboost.optim.thor.preconditioner import ThorPreconditioner
+from torchboost.optim.closure import evaluate_closure
+from torchboost.optim.thor.preconditioner import ScalerThroughPreconditioner, ThorPreconditioner
 
 
-class THOR(torch.optim.Optimizer):
+class THOR(ScalerThroughPreconditioner, torch.optim.Optimizer):
     """Trace-based Hardware-driven layer-ORiented natural gradient (Chen et al., AAAI 2021): a
     `ThorPreconditioner` (curvature, refresh, damping, split, distributed, AMP; its keyword arguments are
     accepted here) followed by MindSpore's momentum update.
@@ -64,21 +65,10 @@ class THOR(torch.optim.Optimizer):
     inv_interval = property(lambda self: self.preconditioner.inv_interval)
     factor_interval = property(lambda self: self.preconditioner.factor_interval)
 
-    @property
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return self.preconditioner.grad_scaler
-
-    @grad_scaler.setter
-    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:  # the trainer attaches its scaler
-        self.preconditioner.grad_scaler = scaler
-
     # ---- the update ---------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         k = self.update_index
         damping = self.preconditioner.current_damping(self.param_groups[0]["damping"])
         self.preconditioner.step(damping)

@@ -229,3 +229,18 @@ def _all_finite(stats: list[tuple[Tensor, Tensor, float]]) -> list[bool]:
         return []
     flags = torch.stack([torch.isfinite(a).all() & torch.isfinite(g).all() for a, g, _ in stats])
     return [bool(f) and math.isfinite(t) for f, (_, _, t) in zip(flags.tolist(), stats)]
+
+
+class ScalerThroughPreconditioner:
+    """For optimizers built on a `ThorPreconditioner` (THOR, ThorPreconditioned): the trainer attaches its
+    GradScaler as `optimizer.grad_scaler`, and the preconditioner needs it to unscale its G factors."""
+
+    preconditioner: ThorPreconditioner
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        return self.preconditioner.grad_scaler
+
+    @grad_scaler.setter
+    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
+        self.preconditioner.grad_scaler = scaler

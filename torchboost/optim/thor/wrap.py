@@ -8,10 +8,11 @@ import torch
 from torch import Tensor, nn
 
 from torchboost.optim.muon import muon_optimizer
-from torchboost.optim.thor.preconditioner import ThorPreconditioner
+from torchboost.optim.closure import evaluate_closure
+from torchboost.optim.thor.preconditioner import ScalerThroughPreconditioner, ThorPreconditioner
 
 
-class ThorPreconditioned(torch.optim.Optimizer):
+class ThorPreconditioned(ScalerThroughPreconditioner, torch.optim.Optimizer):
     """`step()` = `preconditioner.step()` then `optimizer.step()`. Shares the inner optimizer's param groups
     and state, so lr schedules, `zero_grad` and `lr_scale` keys act on it directly."""
 
@@ -26,20 +27,9 @@ class ThorPreconditioned(torch.optim.Optimizer):
     param_groups = property(lambda self: self.optimizer.param_groups)
     state = property(lambda self: self.optimizer.state)
 
-    @property
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return self.preconditioner.grad_scaler
-
-    @grad_scaler.setter
-    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:  # the trainer attaches its scaler
-        self.preconditioner.grad_scaler = scaler
-
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         self.preconditioner.step()
         self.optimizer.step()
         return loss
