@@ -22,14 +22,14 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .recipe.config import build_config, dump_config, read_yaml, resolve_recipe
+    from .recipe.config import BUILT_IN, build_config, dump_config, read_yaml, resolve_recipe
     from .recipe.load import load_config
     from .recipe.run import train_from_config
 
     overrides = train_overrides(args)
     if args.data:
         dataset = build_config(read_yaml(resolve_recipe(args.config)), overrides).data.dataset
-        if dataset in ("mnist5k", "digits", "synthetic"):
+        if dataset in BUILT_IN:
             # A built-in data set reads no path: --data means "train on my image folder instead".
             print(f"note: --data {args.data}: training on that image folder (data.dataset=folder) instead of the "
                   f"recipe's built-in {dataset}")

@@ -18,14 +18,16 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from torchboost.errors import ConfigError, suggest
+from torchboost.models import list_models
 from torchboost.recipe.schema import check_type, leaf_fields, opt
+from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 DATASETS = ("mnist5k", "digits", "folder", "mnist_idx", "paddle_json", "synthetic")
-MODELS = ("mnist_cnn", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-METRICS = ("top_1_accuracy", "top_5_accuracy", "loss")
-METRIC_ALIASES = {"accuracy": "top_1_accuracy", "acc": "top_1_accuracy", "top1": "top_1_accuracy",
-                  "top5": "top_5_accuracy"}
+BUILT_IN = ("mnist5k", "digits", "synthetic")  # read no path
+IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")  # whole sets in memory at their native size
+NEEDS_PATH = ("folder", "mnist_idx", "paddle_json")
+MODELS = tuple(list_models())
 
 
 @dataclass
@@ -123,7 +125,7 @@ class TrainConfig:
     clip_value: Optional[float] = opt(None, gt=0)
     accumulation_steps: int = opt(1, ge=1)
     label_smoothing: float = opt(0.0, ge=0, lt=1)
-    metrics: list[str] = opt(factory=lambda: list(METRICS), choices=(*METRICS, *METRIC_ALIASES))
+    metrics: list[str] = opt(factory=lambda: list(METRIC_NAMES), choices=(*METRIC_NAMES, *METRIC_ALIASES))
     log_every: int = opt(50, ge=1)
     progress_bar: bool = opt(True)
     per_batch_accuracy: bool = opt(False)

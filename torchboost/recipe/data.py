@@ -16,9 +16,8 @@ from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFo
                              TensorImageDataset, eval_transform, folder_channels, load_builtin, load_mnist_idx,
                              load_paddle_json, train_transform)
 from torchboost.errors import ConfigError, DataError
-from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.config import IN_MEMORY, Config, DataConfig
 
-IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")
 # Folder and synthetic image size when data.image_size is not set: what each model is designed for.
 DEFAULT_SIZE = {"mnist_cnn": 28}
 FOLDER_SIZE = 224

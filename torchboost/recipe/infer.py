@@ -31,8 +31,8 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
                        device: str = "auto") -> tuple[Model, Config, dict]:
     """(Model, resolved config, checkpoint dict) from a training checkpoint, or from a plain weights
     file plus the recipe that built it."""
-    if _is_training_checkpoint(path):
-        ckpt = load_checkpoint(path)
+    ckpt = _training_checkpoint(path)
+    if ckpt is not None:
         cfg = build_config(ckpt["config"], overrides)
     else:
         if config is None:
@@ -51,14 +51,15 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     return model, cfg, ckpt
 
 
-def _is_training_checkpoint(path: str) -> bool:
+def _training_checkpoint(path: str) -> dict | None:
+    """The checkpoint, when `path` is one written by `torchboost train` (it carries its config), else None."""
     if Path(path).suffix == ".safetensors":
-        return False
+        return None
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError:
-        return False
-    return isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict) and "model" in ckpt
+        return None
+    return ckpt if isinstance(ckpt.get("config"), dict) and "model" in ckpt else None
 
 
 def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str = "test", use_ema: bool = False,

@@ -97,8 +97,9 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
         model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes)}
         if resume:
-            check_resumable(resume, run_cfg)
-            ckpt = model.load_checkpoint(resume)
+            ckpt = load_checkpoint(resume, map_location=device)  # read once: checked here, restored by Model
+            check_same_run(ckpt, resume, run_cfg)
+            model.load_checkpoint(resume, ckpt=ckpt)
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
         callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
@@ -118,10 +119,10 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
 
 
-def check_resumable(path: str, cfg: Config) -> None:
+def check_same_run(ckpt: dict, path: str, cfg: Config) -> None:
     """A checkpoint continues only the run that wrote it: same network and optimizer (their states
     would not fit otherwise). Starting elsewhere from its weights is `train.init_weights`."""
-    saved = load_checkpoint(path).get("config")
+    saved = ckpt.get("config")
     if not isinstance(saved, dict):
         return  # not written by `torchboost train`: Model.load_checkpoint says what is missing
     fix = f"resume with the checkpoint's settings, or start a new run from its weights with train.init_weights={path}"

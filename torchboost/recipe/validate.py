@@ -14,13 +14,11 @@ from pathlib import Path
 from torchboost.boost import resolve_boost
 from torchboost.errors import ConfigError
 from torchboost.optim.thor.args import check_thor_options
-from torchboost.recipe.config import METRIC_ALIASES, Config
+from torchboost.recipe.config import BUILT_IN, IN_MEMORY, NEEDS_PATH, Config
 from torchboost.recipe.schema import check_rules, check_type, leaf_fields
 from torchboost.train.device import resolve_device
+from torchboost.train.metrics import resolve_metric
 
-NEEDS_PATH = ("folder", "mnist_idx", "paddle_json")
-BUILT_IN = ("mnist5k", "digits", "synthetic")
-IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")
 
 
 def validate(cfg: Config) -> None:
@@ -113,7 +111,7 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_train(cfg: Config) -> None:
     t = cfg.train
-    if t.monitor.removeprefix("val_") not in {METRIC_ALIASES.get(m, m) for m in t.metrics}:
+    if t.monitor.removeprefix("val_") not in {resolve_metric(m) for m in t.metrics}:
         raise ConfigError(f"train.monitor={t.monitor} is not among train.metrics={t.metrics}",
                           f"add {t.monitor.removeprefix('val_')} to train.metrics or change train.monitor")
     if t.init_weights and not Path(t.init_weights).is_file():

@@ -109,10 +109,11 @@ class Model:
         ckpt.update(self.extra_state)
         return ckpt
 
-    def load_checkpoint(self, path: str | Path, weights_only_model: bool = False) -> dict:
+    def load_checkpoint(self, path: str | Path, weights_only_model: bool = False, ckpt: dict | None = None) -> dict:
         """Restore a checkpoint written by ModelCheckpoint. With weights_only_model, restore weights only
-        (for eval/predict/fine-tuning); otherwise the next `train()` continues where the checkpoint stopped."""
-        ckpt = load_checkpoint(path, map_location=self.device)
+        (for eval/predict/fine-tuning); otherwise the next `train()` continues where the checkpoint stopped.
+        `ckpt`: the checkpoint already loaded from `path` (a caller that inspected it first), not read again."""
+        ckpt = ckpt if ckpt is not None else load_checkpoint(path, map_location=self.device)
         if "model" not in ckpt:
             raise CheckpointError(f"{path} has no 'model' entry", "pass a checkpoint written by torchboost train")
         if not weights_only_model:  # refuse an incomplete checkpoint before restoring anything from it
