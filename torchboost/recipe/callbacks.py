@@ -10,7 +10,6 @@ from torch.utils.data import DataLoader
 from torchboost.recipe.config import Config
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint,
                                         ProgressBar, TensorBoard, TimeMonitor)
-from torchboost.train.metrics import monitor_mode
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
 
@@ -22,13 +21,12 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
     t, c = cfg.train, cfg.checkpoint
     ckpt_cb = ModelCheckpoint(c.prefix, out / "ckpt", CheckpointConfig(c.save_every_steps, c.save_every_epochs,
                                                                        c.keep_max),
-                              save_best=t.monitor if c.save_best else None, mode=monitor_mode(t.monitor))
+                              save_best=t.monitor if c.save_best else None)
     callbacks: list[Callback] = [ProgressBar(None if t.progress_bar else False),
                                  LossMonitor(t.log_every, show_accuracy=t.per_batch_accuracy), TimeMonitor(),
                                  DataStarvationMonitor(loader=train_loader)]
-    if t.early_stopping_patience or t.restore_best:
-        patience = t.early_stopping_patience or t.epochs + 1  # restore_best alone: watch, never stop early
-        callbacks.append(EarlyStopping(monitor=t.monitor, patience=patience, mode=monitor_mode(t.monitor),
+    if t.early_stopping_patience or t.restore_best:  # restore_best alone: patience None watches, never stops
+        callbacks.append(EarlyStopping(monitor=t.monitor, patience=t.early_stopping_patience,
                                        restore_best=t.restore_best))
     callbacks += [ckpt_cb, History(out)]
     if profile is not None:

@@ -153,12 +153,12 @@ class ModelCheckpoint(Callback):
 
 class EarlyStopping(Callback):
     """Stops when `monitor` has not improved by `min_delta` for `patience` evaluated epochs (mode: max for
-    accuracies, min for losses unless given). With `restore_best`, the network ends with the weights of
-    its best epoch (kept in memory as a CPU copy)."""
+    accuracies, min for losses unless given; patience None: never stops, only watches). With
+    `restore_best`, the network ends with the weights of its best epoch (kept in memory as a CPU copy)."""
 
-    def __init__(self, monitor: str = "val_top_1_accuracy", patience: int = 3, mode: Optional[str] = None,
-                 min_delta: float = 0.0, restore_best: bool = False) -> None:
-        if patience < 1:
+    def __init__(self, monitor: str = "val_top_1_accuracy", patience: Optional[int] = 3,
+                 mode: Optional[str] = None, min_delta: float = 0.0, restore_best: bool = False) -> None:
+        if patience is not None and patience < 1:
             raise ConfigError(f"early stopping patience={patience}", "use 1 or more epochs")
         self.monitor = resolve_monitor(monitor)
         self.patience, self.restore_best = patience, restore_best
@@ -177,7 +177,7 @@ class EarlyStopping(Callback):
                                      for k, v in state.model.module.state_dict().items()}
             return
         self.bad_epochs += 1
-        if self.bad_epochs >= self.patience:
+        if self.patience is not None and self.bad_epochs >= self.patience:
             state.log(f"early stopping: {self.monitor} has not improved for {self.patience} epochs; best "
                       f"{self.best.value:.4f} at epoch {self.best.epoch}")
             state.stop_training = True
