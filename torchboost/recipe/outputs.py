@@ -79,8 +79,9 @@ def remove_run(out: Path) -> None:
     for path in (out / "ckpt").glob("*.pt"):
         if CHECKPOINT.match(path.name):
             path.unlink()
-    for name in ("tensorboard", "profile"):
-        shutil.rmtree(out / name, ignore_errors=True)
+    for name in RUN_DIRS:
+        if name != "ckpt":  # the run owns these folders whole; in ckpt/ only its checkpoints
+            shutil.rmtree(out / name, ignore_errors=True)
 
 
 def carry_history(resume: str, out: Path) -> None:
