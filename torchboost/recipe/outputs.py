@@ -13,8 +13,9 @@ import fcntl
 import os
 import re
 import shutil
+import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import IO, Iterator, Optional
 
 from torchboost.errors import ConfigError, OutputError
 from torchboost.fileio import atomic_write
@@ -59,17 +60,30 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            owner = lock.read().strip() or "another process"
+            owner = _lock_owner(lock)
             raise ConfigError(f"output folder {out} is in use by a live run ({owner})",
                               "wait for it to finish or choose another --output") from None
         lock.seek(0)
         lock.truncate()
-        lock.write(f"pid {os.getpid()}\n")
+        lock.write(f"pid {os.getpid()}\n")  # first, so a run refused meanwhile can name us
         lock.flush()
+        # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
+        # its files behind — they are another run's now, not ours to overwrite.
+        check_output(out, resume, overwrite)
         if overwrite and not resume:
             remove_run(out)
         yield
+
+
+def _lock_owner(lock: IO[str]) -> str:
+    """The holder's "pid N" line; it writes it right after taking the lock, so wait a moment for it."""
+    for _ in range(50):
+        lock.seek(0)
+        owner = lock.read().strip()
+        if owner:
+            return owner
+        time.sleep(0.01)
+    return "another process"
 
 
 def remove_run(out: Path) -> None:
