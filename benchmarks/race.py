@@ -4,16 +4,17 @@ best lr.
 
     .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256            # the headline task
     .venv/bin/python benchmarks/race.py --task resnet18/digits/b128 --seeds 3
-    .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor-muon --lr muon=0.02
+    .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor_muon --lr muon=0.02
 
 Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Beyond
-the CLI's racers: THOR variants with extra options, e.g. `thor[graft=grad]`, `thor-muon[factor_samples=64]`.
+the CLI's racers: THOR variants with extra options, e.g. `thor[graft=grad]`, `thor_muon[factor_samples=64]`.
 Prints the table, then per THOR racer one line "THOR/best-other seconds-to-target".
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -21,10 +22,11 @@ import torch
 import yaml
 from torch import nn
 
-from torchboost.optim import THOR, muon_optimizer
+from torchboost.optim import muon_optimizer
+from torchboost.optim.registry import OptimizerArgs, get_optimizer, thor_kwargs
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
-from torchboost.recipe.race import DEFAULT_LRS, Racer, builtin_racer, parse_lr_grids, run_race
+from torchboost.recipe.race import Racer, builtin_racer, parse_lr_grids, run_race
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes,
                                            summarize, write_results)
 
@@ -46,19 +48,12 @@ TASKS = {
 }
 
 
-def thor_variant(name: str, cfg, lrs, **extra) -> Racer:
-    """THOR with the task's options plus `extra` (a variant being measured)."""
-    o = cfg.optim
-
-    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return THOR(model, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay, **{**o.thor, **extra})
-    return Racer(name, lrs, build)
-
-
-def thor_muon_variant(name: str, cfg, lrs, **extra) -> Racer:
-    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, **{**cfg.optim.thor, **extra})
-    return Racer(name, lrs, build)
+def option_variant(name: str, base: str, cfg, lrs, **extra) -> Racer:
+    """A registered THOR-family optimizer with the task's `optim.thor` plus `extra` (a variant being measured):
+    built by the same registry entry as `torchboost train`."""
+    thor = dataclasses.replace(cfg.optim.thor, **extra)
+    racer = builtin_racer(base, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, thor=thor)), lrs)
+    return dataclasses.replace(racer, name=name)
 
 
 def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
@@ -67,25 +62,21 @@ def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         if not thor:
             return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
-        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon",
-                         **{**cfg.optim.thor, **thor})
-    return Racer(name, lrs or DEFAULT_LRS["muon"], build)
-
-
-VARIANTS = {
-    "thor": lambda name, cfg, lrs, **kw: thor_variant(name, cfg, lrs or DEFAULT_LRS["thor"], **kw),
-    "thor-muon": lambda name, cfg, lrs, **kw: thor_muon_variant(name, cfg, lrs or DEFAULT_LRS["muon"], **kw),
-}
+        options = dataclasses.replace(cfg.optim.thor, **thor)
+        kw = thor_kwargs(OptimizerArgs(lr, options=options, updates_per_epoch=steps, epochs=epochs))
+        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon", **kw)
+    return Racer(name, lrs or get_optimizer("muon").lr_grid, build)
 
 
 def make_racer(name: str, cfg, lrs) -> Racer:
-    """A built-in racer, or a THOR variant with extra options: `thor[graft=grad]`, `thor-muon[factor_samples=64]`."""
+    """A registered optimizer, or a variant with extra THOR options: `thor[graft=grad]`,
+    `thor_muon[factor_samples=64]`, `muon-all-convs`, `thor_muon-all-convs[factor_samples=64]`."""
     base, _, opts = name.partition("[")
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
-    if base in ("muon-all-convs", "thor-muon-all-convs"):
+    if base.endswith("muon-all-convs"):
         return muon_all_convs(name, cfg, lrs, **extra)
     if extra:
-        return VARIANTS[base](name, cfg, lrs, **extra)
+        return option_variant(name, base, cfg, lrs, **extra)
     return builtin_racer(base, cfg, lrs)
 
 
@@ -93,8 +84,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--task", choices=list(TASKS), default="mnist_cnn/mnist5k/b256")
     p.add_argument("--racers", nargs="+", default=["sgd", "adamw", "muon", "thor"],
-                   help="sgd adamw muon thor thor-muon muon-all-convs, or a THOR variant: 'thor[graft=grad]', "
-                        "'thor-muon-all-convs[factor_samples=64]'")
+                   help="any registered optimizer, muon-all-convs, or a THOR variant: 'thor[graft=grad]', "
+                        "'thor_muon-all-convs[factor_samples=64]'")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (split a race over runs)")

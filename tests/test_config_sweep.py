@@ -14,7 +14,7 @@ from torchboost import cli
 from torchboost.errors import ConfigError
 from torchboost.recipe import config as config_mod
 from torchboost.recipe.config import Config
-from torchboost.recipe.schema import leaf_fields
+from torchboost.options import leaf_fields
 from torchboost.recipe.validate import validate
 
 # Free-form sections: one bad entry each, of the kind their owner validates.

@@ -52,6 +52,6 @@ def test_summary_medians_best_lr_and_ratios():
     assert [r["median_seconds"] for r in a["per_lr"]] == [2, math.inf]
     assert (b["median_epochs"], b["median_seconds"]) == (1, 4)
     assert ratio_to_best_other(s["targets"]["0.9"], "b") == 2.0
-    rows = {"sgd": {"median_seconds": 4.0}, "thor": {"median_seconds": 1.0}, "thor-muon": {"median_seconds": 2.0}}
-    assert ratio_to_best_other(rows, "thor-muon") == 0.5  # a THOR variant is not THOR's rival
+    rows = {"sgd": {"median_seconds": 4.0}, "thor": {"median_seconds": 1.0}, "thor_muon": {"median_seconds": 2.0}}
+    assert ratio_to_best_other(rows, "thor_muon") == 0.5  # a THOR variant is not THOR's rival
     assert s["seconds_per_epoch"] == {"a": 1.0, "b": 4.0}

@@ -298,11 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", metavar="OUT.json")
     g.set_defaults(func=_cmd_debug_layers)
 
-    rc = sub.add_parser("race", help="race optimizers (sgd, adamw, muon, thor) on a recipe: time to accuracy")
+    rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy")
     rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
     rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    rc.add_argument("--optimizers", nargs="+", default=["sgd", "adamw", "muon", "thor"], metavar="NAME",
-                    help="any of sgd adamw muon thor thor-muon (default: sgd adamw muon thor)")
+    from .optim.registry import OPTIMIZERS
+
+    racers = [n for n, e in OPTIMIZERS.items() if e.race_default]
+    rc.add_argument("--optimizers", nargs="+", default=racers, metavar="NAME", choices=list(OPTIMIZERS),
+                    help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")

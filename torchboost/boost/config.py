@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from torchboost.errors import ConfigError, suggest
+from torchboost.options import check_options
 
 from .options import (
     AdasumOptions,
@@ -186,40 +187,12 @@ def _check_combinations(plan: BoostPlan, where: str) -> None:
 
 
 def _parse_section(raw: Any, cls: type, path: str) -> Any:
-    """Build an options dataclass from a dict: unknown keys and wrong types are errors."""
-    raw = _as_mapping(raw, path)
-    names = [f.name for f in fields(cls)]
-    _check_keys(raw, names, path)
-    defaults = cls()
-    values = {}
-    for key, value in raw.items():
-        expected = getattr(defaults, key)
-        values[key] = _coerce(value, expected, f"{path}.{key}")
-    return cls(**values)
-
-
-def _coerce(value: Any, default: Any, path: str) -> Any:
-    """Check `value` against the type of the default (YAML gives ints for floats like `1`)."""
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, str):  # an "auto" switch: true, false or the default word
-        ok = isinstance(value, bool) or value == default
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(default, tuple):  # gradient_split_groups: list of ints (MindSpore also takes one int)
-        value = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        value = tuple(value) if ok else value
-    else:  # optional paths default to None
-        ok = value is None or isinstance(value, str)
-    if not ok:
-        want = {type(None): "a path or null", str: f"true, false or {default!r}"}.get(type(default),
-                                                                                     type(default).__name__)
-        raise ConfigError(f"{path} must be {want}, got {value!r}")
-    return value
+    """Build an options dataclass from a dict by its declared rules: unknown keys and bad values are errors."""
+    raw = dict(_as_mapping(raw, path))
+    groups = raw.get("gradient_split_groups")
+    if isinstance(groups, int) and not isinstance(groups, bool):  # MindSpore also takes one index
+        raw["gradient_split_groups"] = [groups]
+    return cls(**check_options(raw, cls, path))
 
 
 def _as_mapping(raw: Any, path: str) -> Mapping[str, Any]:

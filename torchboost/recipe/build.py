@@ -14,9 +14,10 @@ from torchboost.data.synthetic import MEMORY_SHARE, physical_memory
 from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model
-from torchboost.optim import (THOR, build_lr_schedule, get_thor_damping, get_thor_lr, muon_optimizer,
-                              param_groups, thor_muon)
-from torchboost.recipe.config import Config, OptimConfig
+from torchboost.optim import build_lr_schedule, get_thor_lr
+from torchboost.optim.registry import OptimizerArgs, get_optimizer
+from torchboost.optim.registry import build_optimizer as registry_build
+from torchboost.recipe.config import Config
 from torchboost.train.ema import ModelEMA
 from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 
@@ -57,38 +58,20 @@ def global_batch(cfg: Config, world_size: int) -> int:
     return cfg.data.batch_size * world_size * cfg.train.accumulation_steps
 
 
-MUON_LIKE = ("muon", "thor_muon")  # Muon's authors' defaults: momentum 0.95, Nesterov
-
-
-def momentum(o: OptimConfig) -> float:
-    """optim.momentum, or the optimizer's own default when unset."""
-    return o.momentum if o.momentum is not None else 0.95 if o.name in MUON_LIKE else 0.9
-
-
-def nesterov(o: OptimConfig) -> bool:
-    return o.nesterov if o.nesterov is not None else o.name in MUON_LIKE
+def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArgs:
+    """The registry's builder arguments from a config's `optim.*` (the same for `train` and `race`)."""
+    o = cfg.optim
+    entry = get_optimizer(o.name)
+    return OptimizerArgs(lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
+                         decay_bn_and_bias=o.decay_bn_and_bias, weight_decay_groups=dict(o.weight_decay_groups),
+                         options=getattr(o, entry.options_key) if entry.options_key else None,
+                         accumulation_steps=cfg.train.accumulation_steps, updates_per_epoch=steps_per_epoch,
+                         epochs=cfg.train.epochs)
 
 
 def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
-    o = cfg.optim
-    if o.name in ("sgd", "adamw"):
-        groups = param_groups(model, o.weight_decay, o.decay_bn_and_bias, o.weight_decay_groups)
-        # fused kernels: 2.0-2.3x faster than foreach for ResNet-50's update on this CPU (BENCHMARKS.md)
-        if o.name == "adamw":
-            return torch.optim.AdamW(groups, lr=lr, fused=True)
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum(o), nesterov=nesterov(o), fused=True)
-    if o.name == "muon":
-        return muon_optimizer(model, lr=lr, momentum=momentum(o), weight_decay=o.weight_decay, nesterov=nesterov(o))
-    kw = dict(o.thor)  # thor / thor_muon; keys and values were checked by the validation pass
-    damping = kw.pop("damping", 0.03)
-    decay = kw.pop("damping_decay", None)
-    if decay is not None:  # MindSpore's damping generator: damping * decay^(epoch/10), per update
-        damping = get_thor_damping(0, damping, decay, cfg.train.epochs, steps_per_epoch)
-    if o.name == "thor_muon":
-        return thor_muon(model, lr, momentum(o), o.weight_decay, nesterov(o), damping=damping,
-                         accumulation_steps=cfg.train.accumulation_steps, **kw)
-    return THOR(model, lr=lr, damping=damping, momentum=momentum(o), weight_decay=o.weight_decay,
-                accumulation_steps=cfg.train.accumulation_steps, **kw)
+    """`optim.name`'s registry entry built for `model` (torchboost.optim.registry)."""
+    return registry_build(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
 
 
 def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:

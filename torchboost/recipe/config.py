@@ -19,7 +19,8 @@ import yaml
 
 from torchboost.errors import ConfigError, suggest
 from torchboost.models import list_models
-from torchboost.recipe.schema import check_type, leaf_fields, opt
+from torchboost.optim.registry import ThorRecipeOptions, list_optimizers
+from torchboost.options import check_type, leaf_fields, opt
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -70,19 +71,20 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", choices=("sgd", "adamw", "muon", "thor", "thor_muon"))
+    name: str = opt("sgd", choices=tuple(list_optimizers()))  # torchboost.optim.registry
     lr: float = opt(0.05, gt=0)
     # When set, lr is for this global batch and is scaled linearly to the real one (lr 0.256 per 256).
     lr_reference_batch: Optional[int] = opt(None, ge=1)
-    momentum: Optional[float] = opt(None, ge=0, lt=1)  # None: 0.9 (SGD, THOR), 0.95 (Muon, THOR-Muon)
-    nesterov: Optional[bool] = opt(None)  # None: on for Muon and THOR-Muon, off for SGD
+    # None: the optimizer's own default (0.9 SGD/THOR, 0.95 + Nesterov Muon/THOR-Muon); an error for optimizers
+    # without momentum (AdamW)
+    momentum: Optional[float] = opt(None, ge=0, lt=1)
+    nesterov: Optional[bool] = opt(None)
     weight_decay: float = opt(0.0, ge=0)
     decay_bn_and_bias: bool = opt(False)
     # Per-layer L2: {"layer4.*": 1e-4, "fc.*": 0.0} (fnmatch on parameter names, first match wins).
     weight_decay_groups: dict = opt(factory=dict)
-    # THOR's keyword arguments (frequency, split_dim, damping, damping_decay, factor_samples, ...) for thor and
-    # thor_muon (Muon on THOR-preconditioned gradients); see torchboost.optim.THOR / ThorPreconditioner.
-    thor: dict = opt(factory=dict)
+    # THOR's options, for thor and thor_muon (Muon on THOR-preconditioned gradients); see ThorPreconditioner.
+    thor: ThorRecipeOptions = dataclasses.field(default_factory=ThorRecipeOptions)
 
 
 @dataclass

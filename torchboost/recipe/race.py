@@ -22,18 +22,15 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from torchboost.data import build_loader
-from torchboost.errors import ConfigError, TrainingError, suggest
-from torchboost.optim import THOR, get_thor_damping, muon_optimizer, param_groups
-from torchboost.optim.thor import thor_muon
-from torchboost.recipe.build import build_loss, build_model, build_schedule, momentum, nesterov
+from torchboost.errors import ConfigError, TrainingError
+from torchboost.optim.registry import get_optimizer
+from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
 from torchboost.train.step import TrainStep, prepare_input
 
 # (model, lr, updates per epoch, epochs) -> optimizer
 BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
-DEFAULT_LRS = {"sgd": (0.01, 0.02, 0.05), "adamw": (0.001, 0.002, 0.005), "muon": (0.01, 0.02, 0.05),
-               "thor": (0.01, 0.02, 0.05), "thor-muon": (0.01, 0.02, 0.05)}
 
 
 @dataclass
@@ -48,40 +45,29 @@ class Racer:
     make_step: Callable | None = None
 
 
-def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
-    """sgd | adamw | muon | thor | thor-muon, with the recipe's momentum, nesterov, weight decay and
-    `optim.thor` (Muon keeps its own momentum 0.95 and nesterov)."""
+def racer_config(cfg: Config, name: str) -> Config:
+    """The recipe's config with optimizer `name`: the recipe's own optim values when it names the same
+    optimizer, else that optimizer's defaults for momentum/Nesterov (the weight decay and `optim.thor` carry)."""
     o = cfg.optim
-    wd = o.weight_decay
+    if name != o.name:
+        entry = get_optimizer(name)
+        o = dataclasses.replace(o, name=name, momentum=None, nesterov=None,
+                                weight_decay_groups=o.weight_decay_groups if entry.weight_decay_groups else {},
+                                decay_bn_and_bias=o.decay_bn_and_bias and entry.decay_bn_and_bias)
+    return dataclasses.replace(cfg, optim=o)
 
-    def sgd(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        groups = param_groups(model, wd, o.decay_bn_and_bias)
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum(o), nesterov=nesterov(o))
 
-    def adamw(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(param_groups(model, wd, o.decay_bn_and_bias), lr=lr)
+def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
+    """A registered optimizer (torchboost.optim.registry), built exactly as `torchboost train` builds it
+    (same builder, fused kernels, options), over `lrs` or its registry lr grid."""
+    entry = get_optimizer(name)
+    racer_cfg = racer_config(cfg, name)
 
-    def muon(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return muon_optimizer(model, lr=lr, weight_decay=wd)  # Muon's own momentum 0.95, nesterov
+    def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
+        run = dataclasses.replace(racer_cfg, train=dataclasses.replace(racer_cfg.train, epochs=epochs))
+        return build_optimizer(run, model, lr, steps)
 
-    def thor_options(steps: int, epochs: int) -> dict:
-        kw = {"damping": 0.03, **o.thor}
-        decay = kw.pop("damping_decay", None)
-        if decay is not None:  # the recipe's MindSpore damping generator, over this race's updates
-            kw["damping"] = get_thor_damping(0, kw["damping"], decay, epochs, steps)
-        return kw
-
-    def thor(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return THOR(model, lr=lr, momentum=momentum(o), weight_decay=wd, use_nesterov=nesterov(o),
-                    **thor_options(steps, epochs))
-
-    def thor_muon_(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        return thor_muon(model, lr, weight_decay=wd, **thor_options(steps, epochs))
-
-    builders = {"sgd": sgd, "adamw": adamw, "muon": muon, "thor": thor, "thor-muon": thor_muon_}
-    if name not in builders:
-        raise ConfigError(f"unknown race optimizer '{name}'", suggest(name, list(builders)))
-    return Racer(name, tuple(lrs or DEFAULT_LRS[name]), builders[name])
+    return Racer(name, tuple(lrs or entry.lr_grid), build)
 
 
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:

@@ -12,6 +12,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
 from torchboost.recipe.race import Lane
 
 
@@ -55,8 +56,10 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
 
 
 def is_thor(name: str) -> bool:
-    """THOR and its variants (thor-muon, thor[...]) are one family: a variant is not THOR's rival."""
-    return name.startswith("thor")
+    """THOR and its variants (registry family "thor": thor_muon, and `thor[...]` option variants) are one
+    family: a variant is not THOR's rival."""
+    entry = OPTIMIZERS.get(name.partition("[")[0].removesuffix("-all-convs"))
+    return entry is not None and entry.family == THOR_FAMILY
 
 
 def ratio_to_best_other(rows: dict, name: str) -> float:

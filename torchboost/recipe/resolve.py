@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError
-from torchboost.recipe.build import momentum, nesterov
+from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
 
 
@@ -37,5 +37,7 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
                               f"grad_accumulation_step={plan.grad_accumulation_step} disagree", "set only one of them")
         train = dataclasses.replace(train, accumulation_steps=plan.grad_accumulation_step)
     checkpoint = dataclasses.replace(cfg.checkpoint, prefix=cfg.checkpoint.prefix or m.name)
-    optim = dataclasses.replace(cfg.optim, momentum=momentum(cfg.optim), nesterov=nesterov(cfg.optim))
+    entry = get_optimizer(cfg.optim.name)  # record the optimizer's own defaults for what the user left unset
+    optim = dataclasses.replace(cfg.optim, momentum=entry.momentum if cfg.optim.momentum is None else cfg.optim.momentum,
+                                nesterov=entry.nesterov if cfg.optim.nesterov is None else cfg.optim.nesterov)
     return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)

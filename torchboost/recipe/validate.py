@@ -1,6 +1,6 @@
 """The one validation pass: every key of a Config, from YAML, `--set` or Python, before anything is built.
 
-Order: each field's type and rules (recipe.schema), then combinations of fields, then the option sets
+Order: each field's type and rules (torchboost.options), then combinations of fields, then the option sets
 that a library package owns (THOR's keyword arguments, boost's MindSpore-style dict, the device), checked
 by that package's own validator so the rules live in one place. Every problem is a ConfigError naming
 the key, the bad value and the allowed values or range.
@@ -8,14 +8,16 @@ the key, the bad value and the allowed values or range.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from torchboost.boost import resolve_boost
 from torchboost.errors import ConfigError
+from torchboost.optim.registry import OPTIMIZERS, get_optimizer
 from torchboost.optim.thor.args import check_thor_options
 from torchboost.recipe.config import BUILT_IN, IN_MEMORY, NEEDS_PATH, Config
-from torchboost.recipe.schema import check_rules, check_type, leaf_fields
+from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.train.device import resolve_device
 from torchboost.train.metrics import resolve_metric
 
@@ -85,26 +87,44 @@ def _check_model(cfg: Config) -> None:
 
 
 def _check_optim(cfg: Config) -> None:
+    """What the chosen optimizer's registry entry takes: an option it cannot honour is refused, never
+    recorded in config.yaml and silently ignored."""
     o = cfg.optim
+    entry = get_optimizer(o.name)
     for pattern, wd in o.weight_decay_groups.items():
-        if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not wd >= 0:
-            raise ConfigError(f"optim.weight_decay_groups['{pattern}']={wd!r} is not a number >= 0",
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(f"optim.weight_decay_groups key {pattern!r} is not a parameter-name pattern",
+                              "write e.g. {'layer4.*': 1e-4} (quote the pattern)")
+        if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not 0 <= wd < float("inf"):
+            raise ConfigError(f"optim.weight_decay_groups['{pattern}']={wd!r} is not a finite number >= 0",
                               "write e.g. {'layer4.*': 1e-4}")
-    if o.name in ("thor", "thor_muon"):
-        if o.weight_decay_groups:
-            raise ConfigError(f"optim.weight_decay_groups is not supported with optim.name={o.name}",
-                              "it takes one weight_decay; remove optim.weight_decay_groups")
-        decay = o.thor.get("damping_decay")  # the recipe's damping generator, not a THOR argument
-        if decay is not None and (isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1):
-            raise ConfigError(f"optim.thor.damping_decay={decay!r} is not a number in (0, 1]",
-                              "MindSpore's recipe uses 0.5467")
+    if o.momentum is not None and entry.momentum is None:
+        raise ConfigError(f"optim.momentum={o.momentum} does not apply to optim.name={o.name}", "remove optim.momentum")
+    if o.nesterov is not None and entry.nesterov is None:
+        raise ConfigError(f"optim.nesterov does not apply to optim.name={o.name}", "remove optim.nesterov")
+    if o.nesterov and (o.momentum if o.momentum is not None else entry.momentum) == 0:
+        raise ConfigError("optim.nesterov=true needs optim.momentum > 0", "set optim.momentum (e.g. 0.9) or drop nesterov")
+    if o.weight_decay_groups and not entry.weight_decay_groups:
+        raise ConfigError(f"optim.weight_decay_groups is not supported with optim.name={o.name}",
+                          "it takes one optim.weight_decay; remove optim.weight_decay_groups")
+    if o.decay_bn_and_bias and not entry.decay_bn_and_bias:
+        raise ConfigError(f"optim.decay_bn_and_bias is not supported with optim.name={o.name} (it never decays "
+                          "biases and normalisation parameters)", "remove optim.decay_bn_and_bias")
+    for other in {e.options_key for e in OPTIMIZERS.values() if e.options_key} - {entry.options_key}:
+        section = getattr(o, other)
+        if section != type(section)():
+            raise ConfigError(f"optim.{other} is set but optim.name={o.name} does not use it",
+                              f"set optim.name to one that does ({', '.join(n for n, e in OPTIMIZERS.items() if e.options_key == other)}) or remove optim.{other}")
+    if entry.options_key == "thor":
+        t = o.thor
+        if t.damping_decay is not None and isinstance(t.damping, list):
+            raise ConfigError("optim.thor.damping is a per-update list and optim.thor.damping_decay is set",
+                              "give damping as one number with damping_decay, or the list alone")
         try:
-            check_thor_options(o.thor, allow=("damping_decay",), preconditioner_only=o.name == "thor_muon")
+            check_thor_options({k: v for k, v in dataclasses.asdict(t).items() if k != "damping_decay"},
+                               preconditioner_only=True)
         except ConfigError as e:
             raise ConfigError(f"optim.thor: {e.what}", e.fix) from None
-    elif o.thor:
-        raise ConfigError(f"optim.thor is set but optim.name={o.name}",
-                          "set optim.name=thor (or thor_muon) or remove optim.thor")
     if cfg.schedule.mode == "step" and not cfg.schedule.milestones:
         raise ConfigError("schedule.mode=step needs schedule.milestones", "e.g. --set schedule.milestones=[30,60]")
 

@@ -1,18 +1,20 @@
-"""THOR arguments: schedule values (float, per-update array or callable) and validation.
+"""THOR arguments: schedule values (float, per-update array or callable), the declared options and checks.
 
-`check_thor_options` is the one place THOR's keyword arguments are checked: the constructors call it, and
-recipe validation calls it on `optim.thor` before anything is built (no model needed).
+`ThorOptions` declares what a recipe may set (`optim.thor`) in the project's one rule language
+(`torchboost.options.opt`); `check_thor_options` applies those rules (plus the Python-only arguments) and
+is what the constructors call, so a bad option gets the same one-line error from Python and from a recipe.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 from torch import Tensor
 
 from torchboost.errors import ConfigError, suggest
+from torchboost.options import check_options, opt
 
 Schedule = float | Sequence[float] | np.ndarray | Tensor | Callable[[int], float]
 
@@ -45,92 +47,76 @@ class Value:
         return group_value
 
 
-Rule = Callable[[Any], bool]
+def _is_schedule_object(v: Any) -> bool:
+    """A callable of the update index or an array (numpy, tensor): Python-only forms of a schedule."""
+    return callable(v) or isinstance(v, (np.ndarray, Tensor))
 
 
-def _num(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-         integer: bool = False, none: bool = False) -> tuple[Rule, str]:
-    """A numeric rule and its human-readable allowed range."""
-    def ok(v: Any) -> bool:
-        if v is None:
-            return none
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-            return False
-        if not math.isfinite(v):
-            return False
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return False
-        return hi is None or (v < hi if hi_open else v <= hi)
-    parts = ["an integer" if integer else "a number"]
-    if lo is not None:
-        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
-    if hi is not None:
-        parts.append(f"{'and ' if lo is not None else ''}{'<' if hi_open else '<='} {hi:g}")
-    return ok, " ".join(parts) + (" or None" if none else "")
+@dataclass
+class ThorOptions:
+    """ThorPreconditioner's options that a recipe can write (`optim.thor`), with their defaults and rules.
+    `damping` may also be a per-update list; in Python it may be an array or a callable of the update index."""
+
+    damping: Union[float, list[float]] = opt(0.03, gt=0)
+    frequency: int = opt(100, ge=1)  # factors and inverses refreshed every `frequency` updates
+    split_dim: Optional[int] = opt(128, ge=1)  # block size of the block-diagonal inverse; None: whole matrix
+    loss_scale: float = opt(1.0, gt=0)
+    factor_interval: Optional[int] = opt(None, ge=1)  # None: frequency
+    inv_interval: Optional[int] = opt(None, ge=1)  # None: frequency; a multiple of factor_interval
+    factor_decay: Optional[float] = opt(None, ge=0, lt=1)  # running average of factors; None: latest batch only
+    inverse_method: str = opt("cholesky", choices=("cholesky", "eigen"))
+    trace_threshold: Optional[float] = opt(None, ge=0)  # refresh a layer only when its factors' trace moved
+    interval_growth: int = opt(1, ge=1)
+    max_interval_mult: int = opt(8, ge=1)
+    loss_reduction: str = opt("mean", choices=("mean", "sum"))
+    max_damping_retries: int = opt(3, ge=0)
+    graft: str = opt("none", choices=("none", "grad"))
+    factor_samples: Optional[int] = opt(None, ge=1)  # rows sampled per layer to build the input factor
+    split_indices: Optional[list[int]] = opt(None, ge=0)  # all-reduce fusion groups of the inverses
 
 
-def _schedule(positive: bool) -> tuple[Rule, str]:
-    """A float (> 0 or >= 0), a non-empty per-update array or a callable of the update index."""
-    number, text = _num(0, lo_open=positive)
-    def ok(v: Any) -> bool:
-        return callable(v) or number(v) or (not isinstance(v, (str, bytes, dict, bool)) and not isinstance(
-            v, (int, float)) and np.size(v) > 0)
-    return ok, f"{text}, a per-update array or a callable of the update index"
+@dataclass
+class PreconditionerPythonOptions:
+    """ThorPreconditioner's options that only Python callers pass (live objects, the trainer's accumulation)."""
+
+    accumulation_steps: int = opt(1, ge=1)
+    grad_scaler: Any = opt(None)
+    process_group: Any = opt(None)
 
 
-def _choice(*choices: str) -> tuple[Rule, str]:
-    return (lambda v: v in choices), " or ".join(repr(c) for c in choices)
+@dataclass
+class ThorPythonOptions(PreconditionerPythonOptions):
+    """...and the THOR optimizer's own arguments."""
+
+    lr: float = opt(0.0, ge=0)
+    momentum: float = opt(0.9, ge=0)
+    weight_decay: float = opt(0.0, ge=0)
+    use_nesterov: bool = opt(False)
+    decay_filter: Any = opt(None)  # None or a callable(name) -> bool
 
 
-def _any() -> tuple[Rule, str]:
-    return (lambda v: True), "anything"
-
-
-# Options of ThorPreconditioner (the curvature machinery), then the ones only the THOR optimizer takes.
-PRECONDITIONER_RULES: dict[str, tuple[Rule, str]] = {
-    "damping": _schedule(positive=True),
-    "frequency": _num(1, integer=True),
-    "split_dim": _num(1, integer=True, none=True),
-    "loss_scale": _num(0, lo_open=True),
-    "factor_interval": _num(1, integer=True, none=True),
-    "inv_interval": _num(1, integer=True, none=True),
-    "factor_decay": _num(0, 1, hi_open=True, none=True),
-    "inverse_method": _choice("cholesky", "eigen"),
-    "trace_threshold": _num(0, none=True),
-    "interval_growth": _num(1, integer=True),
-    "max_interval_mult": _num(1, integer=True),
-    "accumulation_steps": _num(1, integer=True),
-    "loss_reduction": _choice("mean", "sum"),
-    "max_damping_retries": _num(0, integer=True),
-    "graft": _choice("none", "grad"),
-    "factor_samples": _num(1, integer=True, none=True),
-    "grad_scaler": _any(),
-    "split_indices": _any(),
-    "process_group": _any(),
-}
-OPTIMIZER_RULES: dict[str, tuple[Rule, str]] = {
-    "lr": _schedule(positive=False),
-    "momentum": _num(0),
-    "weight_decay": _num(0),
-    "use_nesterov": (lambda v: isinstance(v, bool), "True or False"),
-    "decay_filter": (lambda v: v is None or callable(v), "None or a callable(name) -> bool"),
-}
-
-
-def check_thor_options(options: dict, allow: Iterable[str] = (), *, preconditioner_only: bool = False) -> None:
-    """Validate THOR keyword arguments without a model. Unknown keys and bad values raise ConfigError naming
-    the key (with the closest valid key, or the allowed range). `allow`: extra keys the caller handles
-    itself (e.g. a recipe's `damping_decay`), accepted unchecked."""
-    rules = PRECONDITIONER_RULES if preconditioner_only else {**PRECONDITIONER_RULES, **OPTIMIZER_RULES}
-    allowed = set(allow)
-    for key, value in options.items():
-        if key in allowed:
-            continue
-        if key not in rules:
-            raise ConfigError(f"unknown THOR option '{key}'", suggest(key, sorted(set(rules) | allowed)))
-        ok, text = rules[key]
-        if not ok(value):
-            raise ConfigError(f"THOR {key} must be {text}, got {value!r}", f"set {key} to {text}")
+def check_thor_options(options: dict, *, preconditioner_only: bool = False) -> None:
+    """Validate THOR keyword arguments without a model, by the rules declared on `ThorOptions` and
+    `ThorPythonOptions`. Unknown keys and bad values raise ConfigError naming the key (with the closest
+    valid key, or the allowed range). Schedules (`damping`, `lr`) may also be arrays or callables."""
+    python_cls = PreconditionerPythonOptions if preconditioner_only else ThorPythonOptions
+    recipe_keys = {f.name for f in fields(ThorOptions)}
+    python_keys = {f.name for f in fields(python_cls)}
+    for key in options:
+        if key not in recipe_keys | python_keys:
+            raise ConfigError(f"unknown THOR option '{key}'", suggest(str(key), sorted(recipe_keys | python_keys)))
+    values = dict(options)
+    for key in ("damping", "lr"):
+        if _is_schedule_object(values.get(key)):
+            if not callable(values[key]) and np.size(values[key]) == 0:
+                raise ConfigError(f"THOR {key} schedule is empty", "give a float or a non-empty array")
+            del values[key]
+    check_options({k: v for k, v in values.items() if k in recipe_keys}, ThorOptions, "THOR")
+    check_options({k: v for k, v in values.items() if k in python_keys}, python_cls, "THOR")
+    decay_filter = values.get("decay_filter")
+    if decay_filter is not None and not callable(decay_filter):
+        raise ConfigError(f"THOR decay_filter must be None or a callable(name) -> bool, got {decay_filter!r}",
+                          "pass a function of the parameter name")
     frequency = options.get("frequency", 100)
     factor = options.get("factor_interval") or frequency
     inverse = options.get("inv_interval") or frequency

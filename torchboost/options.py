@@ -1,8 +1,10 @@
-"""Config fields that carry their own rules, and the checks that apply them.
+"""The one rule language for options: dataclass fields that carry their own rules, and the checks.
 
 A field is declared with `opt(default, choices=..., ge=..., gt=..., le=..., lt=...)`; the rules live in
-the dataclass field's metadata, so the validation pass, the error messages, `--print-config`'s
-annotations and the bad-value test sweep all read one schema instead of parallel hand-written lists.
+the dataclass field's metadata. The recipe config, THOR's options, every optimizer's options and boost's
+per-algorithm options are all declared this way, so one checker produces one kind of error message, and
+`--print-config`, docs and the bad-value test sweep read one schema instead of parallel hand-written lists.
+It lives in the library (not in `recipe/`) so that library classes can check their own options.
 Written by hand because the needs are small (a dozen types, four bounds) and the error texts must be
 ours; pydantic would add a dependency for the same result.
 """
@@ -14,7 +16,7 @@ import math
 import types
 import typing
 from dataclasses import field
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 from torchboost.errors import ConfigError, suggest
 
@@ -116,3 +118,26 @@ def leaf_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.F
             yield from leaf_fields(value, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", f, hints[f.name], value
+
+
+def check_options(values: Mapping[str, Any], cls: type, where: str) -> dict[str, Any]:
+    """`values` checked against the options dataclass `cls`: unknown keys (with the closest valid one), types
+    and rules. Returns the type-checked values (ints coerced to floats where a float is declared)."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping of options, got {type(values).__name__} {values!r}",
+                          f"write e.g. {where}={{key: value}}")
+    fields_ = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    checked = {}
+    for key, value in values.items():
+        if key not in fields_:
+            raise ConfigError(f"unknown option {where}.{key}", suggest(str(key), list(fields_)))
+        checked[key] = check_type(value, hints[key], f"{where}.{key}")
+        check_rules(checked[key], fields_[key], f"{where}.{key}")
+    return checked
+
+
+def check_fields(obj: Any, where: str) -> None:
+    """Check every field of an options dataclass instance against its declared type and rules (for a
+    `__post_init__`: an instance built in Python gets the same one-line errors as one read from a recipe)."""
+    check_options({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, type(obj), where)
