@@ -71,7 +71,8 @@ def test_build_dataset_errors(data, error, match):
     (dict(dataset="mnist_idx"), "needs a data path"),
     (dict(dataset="mnist5k", path="/x"), "built in"),
     (dict(dataset="synthetic", random_shift=2), "random_shift"),
-    (dict(dataset="digits", augment="imagenet"), "applies to image folders"),
+    (dict(dataset="digits", augment="imagenet"), "does not apply to data.dataset=digits"),
+    (dict(dataset="synthetic", augment="shift"), "does not apply to data.dataset=synthetic"),
     (dict(dataset="digits", augment="shift"), "needs data.random_shift"),
     (dict(mean=[0.5]), "together"),
 ])

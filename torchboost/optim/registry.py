@@ -21,7 +21,7 @@ from torchboost.errors import ConfigError, suggest
 from torchboost.optim.groups import param_groups
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.thor import THOR, get_thor_damping, thor_muon
-from torchboost.optim.thor.args import ThorOptions
+from torchboost.optim.thor.args import ThorOptions, check_thor_options
 from torchboost.options import opt
 
 
@@ -62,6 +62,7 @@ class OptimizerEntry:
     nesterov: bool | None = None  # default; None: no Nesterov option
     options: type | None = None  # dataclass of its section under optim.<options_key>
     options_key: str | None = None
+    check: Callable[[Any], None] | None = None  # checks of the options section beyond its per-field rules
     weight_decay_groups: bool = False  # honours optim.weight_decay_groups (per-layer patterns)
     decay_bn_and_bias: bool = False  # honours optim.decay_bn_and_bias (else 1-D parameters are never decayed)
     family: str = ""  # entries of one family (THOR and its variants) are not each other's rivals in a race
@@ -70,6 +71,7 @@ class OptimizerEntry:
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {}
 THOR_FAMILY = "thor"
+DEFAULT_OPTIMIZER = "sgd"
 
 
 def register(entry: OptimizerEntry) -> OptimizerEntry:
@@ -127,6 +129,15 @@ def thor_kwargs(a: OptimizerArgs) -> dict:
     return {**kw, "accumulation_steps": a.accumulation_steps}
 
 
+def check_thor_section(t: ThorRecipeOptions) -> None:
+    """`optim.thor` as a whole: its combinations, and THOR's own argument checks."""
+    if t.damping_decay is not None and isinstance(t.damping, list):
+        raise ConfigError("damping is a per-update list and damping_decay is set",
+                          "give damping as one number with damping_decay, or the list alone")
+    check_thor_options({k: v for k, v in dataclasses.asdict(t).items() if k != "damping_decay"},
+                       preconditioner_only=True)
+
+
 def _thor(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     ndim = {name: p.ndim for name, p in model.named_parameters()}
     exempt = None if a.decay_bn_and_bias else lambda name: ndim[name] >= 2  # 1-D: BN scale/shift, biases
@@ -147,7 +158,7 @@ register(OptimizerEntry("muon", "Muon on hidden weights + AdamW on the input lay
                         _muon, (0.01, 0.02, 0.05), momentum=0.95, nesterov=True))
 register(OptimizerEntry("thor", "THOR: MindSpore's second-order optimizer (K-FAC natural gradient + momentum SGD)",
                         _thor, (0.01, 0.02, 0.05), momentum=0.9, nesterov=False, options=ThorRecipeOptions,
-                        options_key="thor", family=THOR_FAMILY, decay_bn_and_bias=True))
+                        options_key="thor", check=check_thor_section, family=THOR_FAMILY, decay_bn_and_bias=True))
 register(OptimizerEntry("thor_muon", "Muon on THOR-preconditioned gradients (options: optim.thor)", _thor_muon,
                         (0.01, 0.02, 0.05), momentum=0.95, nesterov=True, options=ThorRecipeOptions,
-                        options_key="thor", family=THOR_FAMILY, race_default=False))
+                        options_key="thor", check=check_thor_section, family=THOR_FAMILY, race_default=False))

@@ -19,15 +19,12 @@ import yaml
 
 from torchboost.errors import ConfigError, suggest
 from torchboost.models import list_models
-from torchboost.optim.registry import ThorRecipeOptions, list_optimizers
+from torchboost.optim.registry import DEFAULT_OPTIMIZER, ThorRecipeOptions, list_optimizers
+from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
 from torchboost.options import check_type, leaf_fields, opt
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
-DATASETS = ("mnist5k", "digits", "folder", "mnist_idx", "paddle_json", "synthetic")
-BUILT_IN = ("mnist5k", "digits", "synthetic")  # read no path
-IN_MEMORY = ("mnist5k", "digits", "mnist_idx", "paddle_json")  # whole sets in memory at their native size
-NEEDS_PATH = ("folder", "mnist_idx", "paddle_json")
 MODELS = tuple(list_models())
 
 
@@ -46,7 +43,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = opt("mnist5k", choices=DATASETS)
+    dataset: str = opt(DEFAULT_KIND, choices=tuple(list_kinds()))  # torchboost.recipe.kinds
     path: Optional[str] = opt(None)
     image_size: Optional[int] = opt(None, ge=1, le=2048)  # None: native size (in-memory sets), 224 (folders)
     channels: Optional[int] = opt(None, choices=(1, 3))  # None: the data's own (1 for MNIST, 3 for folders)
@@ -71,7 +68,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = opt("sgd", choices=tuple(list_optimizers()))  # torchboost.optim.registry
+    name: str = opt(DEFAULT_OPTIMIZER, choices=tuple(list_optimizers()))  # torchboost.optim.registry
     lr: float = opt(0.05, gt=0)
     # When set, lr is for this global batch and is scaled linearly to the real one (lr 0.256 per 256).
     lr_reference_batch: Optional[int] = opt(None, ge=1)

@@ -13,10 +13,10 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
-                             TensorImageDataset, eval_transform, folder_channels, load_builtin, load_mnist_idx,
-                             load_paddle_json, train_transform)
+                             TensorImageDataset, eval_transform, folder_channels, train_transform)
 from torchboost.errors import ConfigError, DataError
-from torchboost.recipe.config import IN_MEMORY, Config, DataConfig
+from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.kinds import get_kind
 
 # Folder and synthetic image size when data.image_size is not set: what each model is designed for.
 DEFAULT_SIZE = {"mnist_cnn": 28}
@@ -53,7 +53,7 @@ def eval_preprocess(cfg: DataConfig) -> EvalTransform:
 
     Folder runs: their resize + centre crop and statistics. In-memory sets (MNIST, digits) are stored at
     their native size: a file is resized to that size, whole (no crop), with the set's statistics."""
-    if cfg.dataset in ("folder", "synthetic"):
+    if not get_kind(cfg.dataset).in_memory:
         _, size, mean, std = folder_geometry(cfg)
         return eval_transform(size, mean, std, cfg.crop_pct, uint8=cfg.normalize_on_device)
     ds = build_dataset(cfg, "test")
@@ -76,31 +76,37 @@ def _check_tensor_set(cfg: DataConfig, ds: TensorImageDataset) -> None:
         ds.set_stats(mean, std)
 
 
-def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None) -> Dataset:
+def resolve_augment(cfg: DataConfig, model_name: str) -> str:
+    """What `data.augment: auto` stands for: ImageNet's crops suit photos for ResNets, not 28-px digits for
+    the MNIST CNN; otherwise shifts when random_shift > 0, else none. The one rule, for every caller."""
+    if cfg.augment != "auto":
+        return cfg.augment
+    if get_kind(cfg.dataset).photos and model_name.startswith("resnet"):
+        return "imagenet"
+    return "shift" if cfg.random_shift else "none"
+
+
+def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, model_name: str = "") -> Dataset:
     """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes.
-    `num_classes` only sets a synthetic set's label range (real data sets bring their own classes)."""
+    `num_classes` only sets the label range of a kind without its own labels (synthetic)."""
     uint8 = cfg.normalize_on_device
-    if cfg.dataset == "folder":
+    kind = get_kind(cfg.dataset)
+    if kind.load is None and kind.needs_path:  # an image folder, decoded per sample
         root = _split_dir(Path(cfg.path), split)
         if split == "train":
             _, size, mean, std = folder_geometry(cfg)
-            augment = "imagenet" if cfg.augment == "auto" else cfg.augment
+            augment = resolve_augment(cfg, model_name)
             transform: Any = train_transform(size, mean, std, uint8=uint8, augment=augment,
                                              rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
                                              shift=cfg.random_shift if augment == "shift" else 0)
         else:
             transform = eval_preprocess(cfg)
         return ImageFolder(root, transform, cfg.skip_corrupt, drop_corrupt=split != "train")
-    if cfg.dataset == "synthetic":
+    if kind.load is None:  # synthetic images of drawn classes
         channels, size, _, _ = folder_geometry(cfg)
         n = cfg.synthetic_size if split == "train" else max(1, cfg.synthetic_size // 10)
         return SyntheticImages(n, num_classes or 1000, channels, size, seed=int(split != "train"), uint8=uint8)
-    if cfg.dataset == "mnist_idx":
-        ds = load_mnist_idx(Path(cfg.path), split)
-    elif cfg.dataset == "paddle_json":
-        ds = load_paddle_json(Path(cfg.path), split)
-    else:
-        ds = load_builtin(cfg.dataset, split)
+    ds = kind.load(cfg, split, num_classes)
     _check_tensor_set(cfg, ds)
     ds.uint8 = uint8
     ds.shift = cfg.random_shift if split == "train" else 0
@@ -113,20 +119,17 @@ def load_data(cfg: Config) -> tuple[DataConfig, Dataset, Dataset]:
     Inferred: a folder's channels (from its first image) and image size (what the model is built for),
     the augmentation `auto` stands for, and an in-memory set's size, channels and statistics."""
     d = cfg.data
-    if d.dataset in ("folder", "synthetic"):
-        channels = d.channels or (folder_channels(_split_dir(Path(d.path), "train")) if d.dataset == "folder" else 3)
+    kind = get_kind(d.dataset)
+    if not kind.in_memory:
+        channels = d.channels or (folder_channels(_split_dir(Path(d.path), "train")) if kind.needs_path else 3)
         size = d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
         d = dataclasses.replace(d, channels=channels, image_size=size)
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
-    augment = d.augment
-    if augment == "auto":  # ImageNet's crops suit photos for ResNets, not 28-px digits for the MNIST CNN
-        photos = d.dataset in ("folder", "synthetic") and cfg.model.name.startswith("resnet")
-        augment = "imagenet" if photos else "shift" if d.random_shift else "none"
-    d = dataclasses.replace(d, augment=augment)
-    train_ds = build_dataset(d, "train", cfg.model.num_classes)
+    d = dataclasses.replace(d, augment=resolve_augment(d, cfg.model.name))
+    train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
     eval_ds = build_dataset(d, "test", cfg.model.num_classes)
-    if isinstance(train_ds, TensorImageDataset) and d.dataset in IN_MEMORY:
+    if isinstance(train_ds, TensorImageDataset) and kind.in_memory:
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])

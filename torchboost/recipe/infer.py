@@ -19,6 +19,7 @@ from torchboost.migrate import load_torch_state
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config, build_config
 from torchboost.recipe.data import build_dataset, eval_preprocess, load_data
+from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
 from torchboost.recipe.resolve import resolve
 from torchboost.train.checkpoint import load_checkpoint, load_model_state
@@ -69,7 +70,7 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     data = cfg.data
     if data_path:
-        data = dataclasses.replace(data, dataset="folder", path=data_path)
+        data = dataclasses.replace(data, dataset=FOLDER, path=data_path)
     if use_ema:
         if "ema" not in ckpt:
             raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")

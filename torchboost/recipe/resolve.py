@@ -14,6 +14,7 @@ from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.kinds import get_kind
 
 
 def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
@@ -23,7 +24,7 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     A value the user set that contradicts the data is an error, not silently replaced."""
     classes = len(train_ds.classes)
     m = cfg.model
-    if m.num_classes is not None and m.num_classes != classes and cfg.data.dataset != "synthetic":
+    if m.num_classes is not None and m.num_classes != classes and get_kind(cfg.data.dataset).own_labels:
         raise ConfigError(f"model.num_classes={m.num_classes} but the training data has {classes} classes",
                           "leave model.num_classes unset to use the data's class count")
     if m.in_chans is not None and m.in_chans != data.channels:

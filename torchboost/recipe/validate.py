@@ -8,15 +8,14 @@ the key, the bad value and the allowed values or range.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 from torchboost.boost import resolve_boost
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OPTIMIZERS, get_optimizer
-from torchboost.optim.thor.args import check_thor_options
-from torchboost.recipe.config import BUILT_IN, IN_MEMORY, NEEDS_PATH, Config
+from torchboost.recipe.config import Config
+from torchboost.recipe.kinds import DATA_KINDS, FOLDER, get_kind
 from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.train.device import resolve_device
 from torchboost.train.metrics import resolve_metric
@@ -43,11 +42,12 @@ def validate(cfg: Config) -> None:
 
 def _check_data(cfg: Config) -> None:
     d = cfg.data
-    if d.dataset in NEEDS_PATH and not d.path:
+    kind = get_kind(d.dataset)
+    if kind.needs_path and not d.path:
         raise ConfigError(f"data.dataset={d.dataset} needs a data path", "pass --data DIR (or --set data.path=...)")
-    if d.dataset in BUILT_IN and d.path:
+    if not kind.needs_path and d.path:
         raise ConfigError(f"data.path={d.path} is set but data.dataset={d.dataset} is built in and reads no path",
-                          "set data.dataset=folder (or mnist_idx / paddle_json) to train on your data")
+                          f"set data.dataset={FOLDER} (or {' / '.join(k for k, e in DATA_KINDS.items() if e.needs_path and k != FOLDER)}) to train on your data")
     if (d.mean is None) != (d.std is None):
         raise ConfigError("data.mean and data.std must be given together", "set both, one value per channel")
     if d.mean is not None and len(d.mean) != len(d.std):
@@ -58,16 +58,16 @@ def _check_data(cfg: Config) -> None:
                           "give one mean and one std per channel")
     if len(d.rrc_scale) != 2 or d.rrc_scale[0] > d.rrc_scale[1]:
         raise ConfigError(f"data.rrc_scale={d.rrc_scale} is not [min, max] with min <= max", "e.g. [0.08, 1.0]")
-    if d.dataset in IN_MEMORY and d.augment in ("imagenet", "flip"):
-        raise ConfigError(f"data.augment={d.augment} applies to image folders, not data.dataset={d.dataset}",
-                          "use data.augment=shift with data.random_shift=N (or auto)")
+    if d.augment not in kind.augments:
+        raise ConfigError(f"data.augment={d.augment} does not apply to data.dataset={d.dataset}",
+                          f"use one of {', '.join(kind.augments)}")
     if d.random_shift and d.augment not in ("auto", "shift"):
         raise ConfigError(f"data.random_shift={d.random_shift} but data.augment={d.augment}",
                           "set data.augment=shift (or auto), or data.random_shift=0")
     if d.augment == "shift" and not d.random_shift:
         raise ConfigError("data.augment=shift needs data.random_shift > 0", "e.g. --set data.random_shift=2")
-    if d.dataset == "synthetic" and d.random_shift:
-        raise ConfigError("data.random_shift does not apply to synthetic data", "drop data.random_shift")
+    if d.random_shift and not kind.shift:
+        raise ConfigError(f"data.random_shift does not apply to data.dataset={d.dataset}", "drop data.random_shift")
     cores = os.cpu_count() or 1
     if d.workers > 4 * cores:
         raise ConfigError(f"data.workers={d.workers} on a machine with {cores} CPU cores",
@@ -99,9 +99,10 @@ def _check_optim(cfg: Config) -> None:
             raise ConfigError(f"optim.weight_decay_groups['{pattern}']={wd!r} is not a finite number >= 0",
                               "write e.g. {'layer4.*': 1e-4}")
     if o.momentum is not None and entry.momentum is None:
-        raise ConfigError(f"optim.momentum={o.momentum} does not apply to optim.name={o.name}", "remove optim.momentum")
+        raise ConfigError(f"optim.momentum={o.momentum} does not apply to optim.name={o.name}", "remove optim.momentum (--set optim.momentum=null)")
     if o.nesterov is not None and entry.nesterov is None:
-        raise ConfigError(f"optim.nesterov does not apply to optim.name={o.name}", "remove optim.nesterov")
+        raise ConfigError(f"optim.nesterov does not apply to optim.name={o.name}",
+                              "remove optim.nesterov (--set optim.nesterov=null)")
     if o.nesterov and (o.momentum if o.momentum is not None else entry.momentum) == 0:
         raise ConfigError("optim.nesterov=true needs optim.momentum > 0", "set optim.momentum (e.g. 0.9) or drop nesterov")
     if o.weight_decay_groups and not entry.weight_decay_groups:
@@ -115,16 +116,11 @@ def _check_optim(cfg: Config) -> None:
         if section != type(section)():
             raise ConfigError(f"optim.{other} is set but optim.name={o.name} does not use it",
                               f"set optim.name to one that does ({', '.join(n for n, e in OPTIMIZERS.items() if e.options_key == other)}) or remove optim.{other}")
-    if entry.options_key == "thor":
-        t = o.thor
-        if t.damping_decay is not None and isinstance(t.damping, list):
-            raise ConfigError("optim.thor.damping is a per-update list and optim.thor.damping_decay is set",
-                              "give damping as one number with damping_decay, or the list alone")
+    if entry.check is not None:
         try:
-            check_thor_options({k: v for k, v in dataclasses.asdict(t).items() if k != "damping_decay"},
-                               preconditioner_only=True)
+            entry.check(getattr(o, entry.options_key))
         except ConfigError as e:
-            raise ConfigError(f"optim.thor: {e.what}", e.fix) from None
+            raise ConfigError(f"optim.{entry.options_key}: {e.what}", e.fix) from None
     if cfg.schedule.mode == "step" and not cfg.schedule.milestones:
         raise ConfigError("schedule.mode=step needs schedule.milestones", "e.g. --set schedule.milestones=[30,60]")
 

@@ -1,0 +1,80 @@
+"""The data-set kind registry: every `data.dataset` value, defined once.
+
+An entry holds everything about one kind of data: how to load a split from a `DataConfig`, whether it
+reads a path, whether its images live in memory at their native size (MNIST files, the built-in sets) or
+are decoded and resized per sample (folders, synthetic photos-like images), which training augmentations
+apply, and its one-line help. Validation, `recipe.data`, the CLI (`--data`, `export-folder`, help) and the
+docs read this table; nothing else lists the kinds. The built-in sets come from `torchboost.data.builtin`'s
+own catalogue, so shipping another one there adds its kind here by itself.
+
+It lives in `recipe/` (not in `data/`) because an entry maps a config section to data-library calls.
+Adding a kind: write its loader in `torchboost.data`, add one `register(DataKind(...))` line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from torch.utils.data import Dataset
+
+from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json
+from torchboost.data.builtin import BUILTIN_SETS
+from torchboost.data.transforms import AUGMENTS
+from torchboost.errors import ConfigError, suggest
+
+# (data config, split, num_classes) -> data set; num_classes only matters to kinds without their own labels
+Loader = Callable[[object, str, "int | None"], Dataset]
+TENSOR_AUGMENTS = ("auto", "shift", "none")  # in-memory sets: translations only (crops/flips suit photos)
+
+
+@dataclass(frozen=True)
+class DataKind:
+    name: str
+    help: str
+    load: Loader | None  # None: decoded per sample by recipe.data (folders, synthetic)
+    needs_path: bool = False
+    in_memory: bool = True  # whole set in memory at its native size, statistics from its train split
+    augments: tuple[str, ...] = TENSOR_AUGMENTS  # data.augment values that apply
+    shift: bool = True  # data.random_shift applies
+    own_labels: bool = True  # False: labels are drawn, the class count comes from model.num_classes
+    photos: bool = False  # `augment: auto` gives ResNets ImageNet-style crops
+
+
+DATA_KINDS: dict[str, DataKind] = {}
+FOLDER = "folder"  # what `--data DIR` trains on when the recipe's data set reads no path
+DEFAULT_KIND = "mnist5k"  # the default job's data
+
+
+def register(kind: DataKind) -> DataKind:
+    if kind.name in DATA_KINDS:
+        raise ValueError(f"data-set kind {kind.name!r} is registered twice")
+    DATA_KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> DataKind:
+    if name not in DATA_KINDS:
+        raise ConfigError(f"unknown data.dataset '{name}'", suggest(str(name), list(DATA_KINDS)))
+    return DATA_KINDS[name]
+
+
+def list_kinds() -> list[str]:
+    return list(DATA_KINDS)
+
+
+def _builtin(name: str) -> Loader:
+    return lambda cfg, split, num_classes: load_builtin(name, split)
+
+
+for _name, _set in BUILTIN_SETS.items():
+    register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
+register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
+                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True))
+register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
+                  lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
+register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",
+                  lambda cfg, split, n: load_paddle_json(Path(cfg.path), split), needs_path=True))
+register(DataKind("synthetic", "random images of drawn classes (speed tests; no path)", None, in_memory=False,
+                  augments=("auto", *(a for a in AUGMENTS if a != "shift")), shift=False, own_labels=False, photos=True))
