@@ -144,7 +144,7 @@ def test_malicious_pickles_are_refused_and_run_nothing(tmp_path, protocol):
 def test_writer_reads_back_with_numpy_and_ours(tmp_path):
     state = {"conv.weight": torch.randn(4, 3, 5, 5), "bn._mean": torch.zeros(4, dtype=torch.float64),
              "n": torch.tensor(7), "half": torch.randn(3).half(), "flag": torch.tensor([True, False])}
-    save_pdparams(state, tmp_path / "w.pdparams")
+    save_pdparams(tmp_path / "w.pdparams", state)
     data = (tmp_path / "w.pdparams").read_bytes()
     ref = pickle.loads(data)  # numpy's own unpickler, as paddle.load uses: safe here, we wrote the file
     for k, v in state.items():
@@ -152,7 +152,7 @@ def test_writer_reads_back_with_numpy_and_ours(tmp_path):
     got = load_pdparams(tmp_path / "w.pdparams")
     assert list(got) == list(state) and all(torch.equal(got[k], v) for k, v in state.items())
     with pytest.raises(CheckpointError, match="bfloat16"):
-        save_pdparams({"x": torch.zeros(2, dtype=torch.bfloat16)}, tmp_path / "bf.pdparams")
+        save_pdparams(tmp_path / "bf.pdparams", {"x": torch.zeros(2, dtype=torch.bfloat16)})
 
 
 def test_structure_errors_and_pdopt(tmp_path):

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from torchboost.errors import CheckpointError, ConfigError
+from torchboost.migrate.formats import FORMATS, TORCH
 
-CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth")
+CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # a first stage's torchboost checkpoints
 
 
 def build_pca_basis(weights: Sequence, n_components: int, names: Sequence[str] | None = None) -> torch.Tensor:

@@ -59,9 +59,6 @@ def parse_pdparams(data: bytes | bytearray | memoryview, name: str = "<bytes>") 
 
 def load_pdparams(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a PaddlePaddle .pdparams file (Paddle 1.x-3.x) into {structured name: tensor}."""
-    if Path(path).suffix.lower() == ".pdopt":
-        raise CheckpointError(f"{path} is optimizer state (.pdopt), not weights",
-                              "convert the model's .pdparams; optimizer state does not carry over")
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -98,7 +95,7 @@ def _array(t: torch.Tensor) -> Iterator[bytes | memoryview]:
     yield b"tb"
 
 
-def save_pdparams(state: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+def save_pdparams(path: str | os.PathLike, state: dict[str, torch.Tensor]) -> None:
     """Write {structured name: tensor} as a .pdparams file that `paddle.load` reads, atomically."""
     tensors = {}
     for name, t in state.items():

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from torchboost.errors import CheckpointError
+from torchboost.migrate.formats import FORMATS, TORCH
 from torchboost.recipe.config import build_config, read_yaml, resolve_recipe
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth")
+CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # training checkpoints carry their config
 ABSENT = "(absent)"
 
 

@@ -15,7 +15,7 @@ import torch
 from torchboost.boost import resolve_boost, transform_model
 from torchboost.data import build_loader, read_image
 from torchboost.errors import CheckpointError, ConfigError, DataError
-from torchboost.migrate import load_torch_state
+from torchboost.migrate.formats import TORCH, read_torch_named, source_format
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config, build_config
 from torchboost.recipe.data import build_dataset, eval_preprocess, load_data
@@ -32,6 +32,9 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
                        device: str = "auto") -> tuple[Model, Config, dict]:
     """(Model, resolved config, checkpoint dict) from a training checkpoint, or from a plain weights
     file plus the recipe that built it."""
+    if not Path(path).is_file():
+        raise CheckpointError(f"{path} not found" if not Path(path).exists() else f"{path} is not a file",
+                              "check the path of the checkpoint or weights file")
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
         cfg = build_config(ckpt["config"], overrides)
@@ -39,11 +42,12 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
         if config is None:
             raise CheckpointError(f"{path} holds weights but no saved config",
                                   "pass --config RECIPE (and --set overrides) describing the network")
-        ckpt = {"model": load_torch_state(path)}
         recipe_cfg = load_config(config, overrides)
         data_cfg, train_ds, _ = load_data(recipe_cfg)
         cfg = resolve(recipe_cfg, data_cfg, train_ds, None)
-        ckpt["classes"] = list(train_ds.classes)
+        # any registered format; MindSpore/Paddle names are mapped to the network's
+        ckpt = {"model": read_torch_named(path, cfg.model.name, cfg.model.num_classes),
+                "classes": list(train_ds.classes)}
     net = build_model(cfg)
     if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
         transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
@@ -54,8 +58,11 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
 
 def _training_checkpoint(path: str) -> dict | None:
     """The checkpoint, when `path` is one written by `torchboost train` (it carries its config), else None."""
-    if Path(path).suffix == ".safetensors":
-        return None
+    try:
+        if source_format(path).name != TORCH:  # only torch files carry a training checkpoint's config
+            return None
+    except ConfigError:  # an unregistered suffix: try it as a torch file
+        pass
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError:

@@ -20,7 +20,8 @@ from torch import nn
 from ..errors import CheckpointError
 from ..fileio import atomic_path
 
-_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.pt$")
+CHECKPOINT_SUFFIX = ".pt"  # training checkpoints are torch files (the weight-format registry's torch entry)
+_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)" + re.escape(CHECKPOINT_SUFFIX) + "$")
 # torch.save's zip container (torch >= 1.6), or the legacy format: a pickle (protocol 2+ opcode 0x80).
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 
@@ -28,7 +29,7 @@ _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 def checkpoint_name(prefix: str, epoch: int, step: int) -> str:
     """MindSpore's naming with torch's extension: `{prefix}-{epoch}_{step}.pt` (epoch 1-based, step within
     the epoch)."""
-    return f"{prefix}-{epoch}_{step}.pt"
+    return f"{prefix}-{epoch}_{step}{CHECKPOINT_SUFFIX}"
 
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
