@@ -137,7 +137,7 @@ def test_dim_reduce_plan_gives_dim_reduce_optimizer(tmp_path):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-        torch.save({"model": model.state_dict()}, tmp_path / f"r-{i}_1.ckpt")
+        torch.save({"model": model.state_dict()}, tmp_path / f"r-{i}_1.pt")
     plan = resolve_boost("O0", {"boost": {"mode": "manual", "dim_reduce": True},
                                 "dim_reduce": {"n_components": 3, "weight_load_dir": str(tmp_path)}})
     model, hooks = build_boost(plan, model)

@@ -38,7 +38,7 @@ def test_pca_from_checkpoint_files(tmp_path):
                 p.add_(torch.randn_like(p))
         state = {k: v.clone() for k, v in model.state_dict().items()}
         # the lead's checkpoint format for some files, a plain state dict for others
-        torch.save({"model": state, "epoch": i} if i % 2 else state, tmp_path / f"run-{i}_1.ckpt")
+        torch.save({"model": state, "epoch": i} if i % 2 else state, tmp_path / f"run-{i}_1.pt")
         flats.append(torch.cat([state[n].reshape(-1) for n in names]))
     opts = DimReduceOptions(n_components=3, weight_load_dir=str(tmp_path), pca_mat_path=str(tmp_path / "P.npy"))
     opt = build_dim_reduce(model, opts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -98,19 +99,32 @@ def test_diff_config(capsys, tmp_path):
 
 def test_align_a_recipe_with_itself_passes(capsys):
     assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--batch-size", "4"]) == 0
-    assert "PASS" in capsys.readouterr().out.upper()
+    out = capsys.readouterr().out
+    # the MNIST CNN: 6 parameter tensors, compared after forward/backward/update, plus activations and loss
+    assert "PASS: 21 items compared (0 without a reference counterpart)" in out
+    rows = [l.split() for l in out.splitlines() if l.split()[:1] in (["backward"], ["update"])]
+    assert len(rows) == 12 and all(r[5] == "0.000e+00" and r[-1] == "ok" for r in rows)  # identical: max error 0
 
 
 def test_debug_layers(capsys, tmp_path):
     assert main(["debug-layers", "-c", "digits-lenet", "--batch-size", "4", "--json", str(tmp_path / "l.json")]) == 0
     report = json.loads((tmp_path / "l.json").read_text())
-    assert capsys.readouterr().out and report
+    out = capsys.readouterr().out
+    # one record per module call of the MNIST CNN, in call order, with the batch's shapes
+    assert [m["call"] for m in report["modules"]][:2] == ["conv1", "relu"]
+    assert report["modules"][0]["shape"] == [4, 20, 8, 8] and report["flagged"] == []
+    assert f"loss {report['loss']:.5f}" in out and 0 < report["loss"] < 10
 
 
 def test_bench_reports_images_per_second(capsys, tmp_path):
     assert main(["bench", "--model", "mnist_cnn", "--image-size", "28", "--batch-size", "8", "--steps", "2",
                  "--warmup", "1", "--mode", "train", "--json", str(tmp_path / "b.json")]) == 0
-    assert "img/s" in capsys.readouterr().out or (tmp_path / "b.json").stat().st_size > 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "b.json").read_text())
+    steps = result["train"]["step_s"]
+    assert len(steps) == 2 and all(s > 0 for s in steps)  # --steps 2 timed, --warmup 1 not
+    assert result["train"]["images_per_s"] == pytest.approx(8 / float(np.median(steps)))
+    assert "img/s" in out
 
 
 def test_convert_round_trip_keeps_tensors(run, tmp_path, capsys):

@@ -37,5 +37,13 @@ def test_no_rank_goes_on_when_another_disagrees():
         assert f"rank {rank}: torchboost.errors.DistributedError: ranks disagree on data.batch_size" in str(info.value)
 
 
-def test_single_process_checks_nothing():
-    agree({"a": 1})  # no process group: nothing to compare with, no collective to hang in
+def test_single_process_checks_nothing(monkeypatch):
+    """No process group: nothing to compare with, so no collective is ever called (it would hang)."""
+    import torch.distributed as dist
+
+    def no_collective(*args, **kwargs):
+        raise AssertionError("a collective was called without a process group")
+
+    monkeypatch.setattr(dist, "all_gather_object", no_collective)
+    monkeypatch.setattr(dist, "all_reduce", no_collective)
+    assert agree({"a": 1}) is None

@@ -261,4 +261,4 @@ def test_fuzz_mutated_files_fail_cleanly(tmp_path):
         tracemalloc.stop()
     assert sum(outcomes.values()) == 600 and outcomes["error"] > 300
     assert not marker.exists()
-    assert time.perf_counter() - start < 30
+    assert time.perf_counter() - start < 300  # a generous bound against a hang, not a speed claim

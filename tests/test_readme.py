@@ -88,6 +88,7 @@ def test_other_python_blocks_run(tmp_path, monkeypatch):
             continue
         exec(compile(block, "README.md", "exec"), {})
         ran += 1
+    assert ran >= 3, f"only {ran} README Python blocks ran: the walk must not be skipped away"
     assert ran >= 2  # the custom step and THOR examples
 
 

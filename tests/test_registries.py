@@ -19,7 +19,6 @@ from torch import nn
 from torchboost.cli import main
 from torchboost.data import build_loader
 from torchboost.data.builtin import BUILTIN_SETS
-from torchboost.errors import ConfigError
 from torchboost.migrate.formats import FORMATS, REFUSED, read_weights, write_weights
 from torchboost.optim.registry import OPTIMIZERS, OptimizerArgs, build_optimizer
 from torchboost.recipe.build import build_optimizer as recipe_build_optimizer

@@ -10,8 +10,7 @@
   non-finite weights; 16-bit PNGs train on rescaled values);
 - a list of bad inputs, each a one-line error with exit code 2 and no traceback.
 
-Cases that still fail are `xfail(strict=True)` with the place the fix belongs: they start passing (and the
-marker must go) when it lands. The crash-and-resume soak with real SIGKILLs is benchmarks/soak_resume.py.
+The crash-and-resume soak with real SIGKILLs is benchmarks/soak_resume.py.
 """
 
 from __future__ import annotations

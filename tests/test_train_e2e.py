@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,17 +48,18 @@ def test_sigkill_mid_epoch_then_resume(tmp_path):
     common = ["train", "--config", "digits-lenet", *sum((["--set", s] for s in FAST), []),
               "--set", "train.epochs=6", "--set", "checkpoint.save_every_steps=7", "--set", "checkpoint.keep_max=50"]
     ref = _cli(*common, "--output", str(tmp_path / "ref"))
-    victim = _cli(*common, "--output", str(tmp_path / "run"))
+    victim = _cli(*common, "--set", "train.log_every=10", "--output", str(tmp_path / "run"))
     ckdir = tmp_path / "run" / "ckpt"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # kill as soon as a mid-epoch checkpoint of epoch >= 2 exists
-        mids = [p for p in ckdir.glob("mnist_cnn-*_*.pt") if not p.name.endswith("_44.pt")
-                and int(p.name.split("-")[1].split("_")[0]) >= 2]
-        if mids:
+    # An event, not a clock: kill at the first loss line of epoch 3 (epoch 2's step checkpoints exist by then,
+    # and epochs 3-6 are still to come).
+    for line in victim.stdout:
+        if line.startswith("epoch: 3 "):
+            victim.send_signal(signal.SIGKILL)
             break
-        time.sleep(0.02)
-    victim.send_signal(signal.SIGKILL)
-    assert victim.wait(30) == -signal.SIGKILL, "the run finished before it could be killed"
+    assert victim.wait(30) == -signal.SIGKILL, "the run ended before printing epoch 3"
+    mids = [p for p in ckdir.glob("mnist_cnn-*_*.pt") if not p.name.endswith("_44.pt")
+            and int(p.name.split("-")[1].split("_")[0]) >= 2]
+    assert mids, "no mid-epoch checkpoint of epoch 2 was written before the kill"
     for p in list_checkpoints(ckdir, "mnist_cnn"):  # nothing corrupt: every visible checkpoint loads
         load_checkpoint(p)
     last = list_checkpoints(ckdir, "mnist_cnn")[-1]

@@ -7,7 +7,7 @@ dim_reduce, gradient accumulation (done by TrainStep) and Adasum (boost/adasum.p
     optimizer = boost_optimizer(plan, model) or torch.optim.SGD(model.parameters(), lr=0.1)
     step = TrainStep(model, loss_fn, optimizer, hooks=hooks)
 
-See build.py for the full wiring (EMA, DDP, evaluation of boost-trained checkpoints).
+See `boost.build` for the full wiring (EMA, DDP, evaluation of boost-trained checkpoints).
 """
 
 from .build import boost_optimizer, build_boost, transform_model

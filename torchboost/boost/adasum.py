@@ -8,9 +8,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchboost.dist import (adasum_combine, all_reduce_mean, broadcast_module, get_world_size, guard,
-                             hierarchical_groups)
-from torchboost.errors import ConfigError, DistributedError
+from torchboost.dist import adasum_combine, all_reduce_mean, broadcast_module, get_world_size, hierarchical_groups
+from torchboost.errors import ConfigError
 from torchboost.train.hooks import StepHook
 
 

@@ -1,6 +1,7 @@
 """Turn a `BoostPlan` into a changed model, the StepHooks for `TrainStep`, and (dim_reduce) the optimizer.
 
-How the trainer uses it (the model on its device; before the EMA copy, the optimizer and DDP exist):
+How the trainer (`recipe.run`) uses it (the model on its device; before the EMA copy, the optimizer and DDP
+exist):
 
     plan = resolve_boost(cfg.boost.level, cfg.boost.config, world_size=info.world_size)   # config errors
     log(plan.describe())                                                                 # training start

@@ -76,11 +76,6 @@ def load_state_dict(path: str | Path) -> Mapping[str, torch.Tensor]:
     return obj
 
 
-def load_basis(path: str | Path) -> torch.Tensor:
-    """A basis saved by `save_basis` (.npy, MindSpore's format: n_components x n_params)."""
-    return torch.from_numpy(np.load(path, allow_pickle=False)).float()
-
-
 def save_basis(basis: torch.Tensor, path: str | Path) -> None:
     np.save(path, basis.cpu().numpy())
 

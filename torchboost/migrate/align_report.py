@@ -12,9 +12,6 @@ import torch
 from .compare import Metrics, compare_tensors, judge
 from .record import Recording
 
-STAGES = ("forward", "loss", "backward", "update")
-
-
 @dataclass
 class AlignItem:
     stage: str  # forward | loss | backward | update

@@ -74,8 +74,8 @@ def format_of(path: str | os.PathLike) -> WeightFormat:
 
 
 def source_format(path: str | os.PathLike) -> WeightFormat:
-    """The format of a file to read: its suffix, except that a torch file named .ckpt (what torchboost called
-    its training checkpoints before they became .pt) is read as the torch file it is."""
+    """The format of a file to read: its suffix, except that a torch file named like a MindSpore checkpoint
+    (PyTorch Lightning and others name torch checkpoints .ckpt) is read as the torch file it is, by content."""
     fmt = format_of(path)
     if fmt.name == MINDSPORE and Path(path).is_file() and is_torch_file(path):
         return FORMATS[TORCH]

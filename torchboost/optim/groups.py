@@ -44,11 +44,3 @@ def weight_decay_groups(model: nn.Module, patterns: Mapping[str, float], default
         raise ConfigError(f"weight-decay pattern '{unused[0]}' matches no parameter",
                           f"patterns match parameter names such as '{next(iter(dict(model.named_parameters())), '')}'")
     return [g for g in (*groups.values(), rest, no_decay) if g["params"]]
-
-
-def describe_groups(groups: list[dict]) -> str:
-    """One line per group: name, tensors, values, weight decay."""
-    return "\n".join(f"{g.get('name', i)}: {len(g['params'])} tensors, {sum(p.numel() for p in g['params']):,} "
-                     f"values, weight_decay {g['weight_decay']:g}" for i, g in enumerate(groups))
-
-

@@ -1,6 +1,6 @@
 """The application layer: a recipe (YAML + --set overrides) -> validated config -> objects -> a run.
 
-`config` holds the dataclasses and recipe files, `schema` the per-field rules, `validate` the one
+`config` holds the dataclasses and recipe files, `kinds` the data-set kinds, `validate` the one
 validation pass, `load` reads recipes, `data` and `resolve` fill in what is inferred from the data,
 `build` and `callbacks` turn a config into objects, `run` trains, `infer` evaluates and predicts,
 `outputs` owns the output folder, `diff` compares configs and `align` builds `torchboost align`.

@@ -1,6 +1,6 @@
 """Config -> objects: model, loss, optimizer, lr schedule, loss scaling, EMA. No training logic here.
 
-Each builder reads a resolved, validated Config (see `recipe.run.resolve`: inferred keys filled in) and
+Each builder reads a resolved, validated Config (see `recipe.resolve.resolve`: inferred keys filled in) and
 never changes it.
 """
 

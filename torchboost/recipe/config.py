@@ -4,7 +4,7 @@ Every key is checked as it is merged: an unknown key is an error that suggests t
 typo must never be ignored silently) and a value must have the field's type. The rules on values
 (choices, ranges, combinations) are checked by `recipe.validate.validate`; `recipe.load.load_config`
 runs both.
-Keys left at None are inferred from the data when the run starts (see `recipe.run.resolve`).
+Keys left at None are inferred from the data when the run starts (see `recipe.resolve.resolve`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from torchboost import dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
+from torchboost.migrate.formats import read_torch_named
 from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
@@ -157,8 +158,9 @@ def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, ste
     """The model on its device, with init_weights loaded and boost's structural changes and hooks."""
     net = build_model(cfg).to(device)
     if cfg.train.init_weights:
-        state = load_checkpoint(cfg.train.init_weights, map_location=device)
-        load_model_state(net, state.get("model", state), source=cfg.train.init_weights)
+        # any registered weight format; MindSpore/Paddle names are mapped to the network's
+        state = read_torch_named(cfg.train.init_weights, cfg.model.name, cfg.model.num_classes)
+        load_model_state(net, state, source=cfg.train.init_weights)
     if plan is None:
         return net, []
     net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,
