@@ -8,6 +8,7 @@ killed run left behind are removed at the next start by `remove_stale_temps`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -23,7 +24,8 @@ _STARTED = time.time()  # about when this process started (torchboost is importe
 
 _REASONS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
             errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-            errno.EROFS: "read-only file system"}
+            errno.EROFS: "read-only file system", errno.ENOTDIR: "a part of the path is a file, not a folder",
+            errno.EISDIR: "it is a folder", errno.ENAMETOOLONG: "the name is too long for the file system"}
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -31,6 +33,8 @@ def output_error(path: str | os.PathLike, e: OSError) -> OutputError:
     """The one error for an output that cannot be written, with a reason a user can act on."""
     reason = _REASONS.get(e.errno) or e.strerror or str(e)
     fix = ("free disk space or choose another --output" if e.errno in _FULL
+           else "use a shorter name or folder" if e.errno == errno.ENAMETOOLONG
+           else "remove or rename what is in the way, or choose another --output" if e.errno in (errno.ENOTDIR, errno.EISDIR)
            else "make the folder writable or choose another --output")
     return OutputError(f"cannot write {path}: {reason}", f"{fix}; the last good checkpoint is intact")
 
@@ -65,7 +69,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as e:
         raise output_error(path, e) from e
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # cleanup must never hide the error being raised (ENOTDIR, EACCES...)
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:

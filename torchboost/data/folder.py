@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,17 @@ IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 # Pillow modes of one-channel images (bilevel, 8/16/32-bit gray, gray + alpha); palette images count as colour.
 GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 MAX_SIDE = 8192  # a transform working at more pixels per side is a typo (one image would take > 200 MB)
+MAX_PIXELS = 100_000_000  # checked from the header, before decoding: a 1 kB PNG can claim 10^10 pixels
+
+
+@contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """Image.open, refusing (ValueError, one of IMAGE_ERRORS) a size over MAX_PIXELS before any decoding."""
+    with Image.open(path) as img:
+        w, h = img.size
+        if w * h > MAX_PIXELS:
+            raise ValueError(f"{w}×{h} pixels is over the {MAX_PIXELS:,}-pixel limit")
+        yield img
 
 
 def find_classes(root: str | Path) -> list[str]:
@@ -70,7 +82,7 @@ def folder_channels(root: str | Path) -> int:
     Reads that file's header only: one listing of the first class folder and one open, no decode."""
     path = class_files(Path(root) / find_classes(root)[0])[0]
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             return 1 if img.mode in GRAY_MODES else 3
     except IMAGE_ERRORS as e:
         raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
@@ -92,7 +104,7 @@ def drop_missing_collate(batch: list[Any]) -> Any:
 def read_image(path: str | Path, transform: Callable[..., Any]) -> Any:
     """One image file through an evaluation transform; an unreadable file raises a one-line DataError."""
     try:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             return transform(img)
     except FileNotFoundError:
         raise DataError(f"image {path} does not exist", "check the path") from None
@@ -133,7 +145,7 @@ class ImageFolder(Dataset):
         return len(self.samples)
 
     def _load(self, path: str, index: int) -> Any:
-        with Image.open(path) as img:
+        with open_image(path) as img:
             if self.transform is None:
                 img.load()
                 return img

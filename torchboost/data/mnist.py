@@ -6,10 +6,10 @@ so a model trained on one source evaluates the same on the other.
 
 from __future__ import annotations
 
-import gzip
 import json
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -25,19 +25,41 @@ IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 PADDLE_SPLITS = {"train": 0, "valid": 1, "test": 2}  # the file holds [train, valid, eval]
 
 
-def _read_bytes(path: Path) -> bytes:
-    """File contents, gunzipped when the file starts with the gzip magic (whatever its name)."""
+MAX_INFLATED = 1 << 30  # 1 GiB: full MNIST is 55 MB inflated, Paddle's JSON about 400 MB
+_IDX_HEADER_MAX = 4 + 4 * 255
+
+
+def _read_bytes(path: Path, cap: Callable[[bytes], int] = lambda head: MAX_INFLATED) -> bytes:
+    """File contents, gunzipped when the file starts with the gzip magic (whatever its name), inflating at
+    most `cap(first bytes)` bytes: a few MB of gzip can inflate to GBs, so the output is bounded, not trusted."""
     try:
         raw = path.read_bytes()
-        return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        if raw[:2] != b"\x1f\x8b":
+            return raw
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing
+        head = inflate.decompress(raw, _IDX_HEADER_MAX)
+        limit = min(cap(head), MAX_INFLATED)
+        rest = inflate.decompress(inflate.unconsumed_tail, max(limit - len(head), 0) + 1)
     except (OSError, EOFError, zlib.error) as e:  # missing, unreadable, or a broken gzip stream
         raise DataError(f"cannot read {path}: {e}", "check the path and re-download the file") from None
+    if len(head) + len(rest) > limit or inflate.unconsumed_tail:
+        raise DataError(f"{path} inflates past {limit:,} bytes (what its contents can need)",
+                        "the file is corrupt or not MNIST data: re-download it")
+    return head + rest
+
+
+def _idx_size(head: bytes) -> int:
+    """The byte size an IDX header declares (a huge or unreadable header: no more than the header)."""
+    if len(head) < 4 or head[2] not in IDX_DTYPES or len(head) < 4 + 4 * head[3]:
+        return len(head)
+    dims = np.frombuffer(head, ">u4", head[3], 4).astype(object)  # Python ints: no overflow
+    return 4 + 4 * head[3] + int(np.prod(dims)) * np.dtype(IDX_DTYPES[head[2]]).itemsize
 
 
 def read_idx(path: str | Path) -> np.ndarray:
     """Read an IDX file (raw or gzipped) into a numpy array of its declared type and shape."""
     path = Path(path)
-    data = _read_bytes(path)
+    data = _read_bytes(path, _idx_size)
     bad = "re-download it (a valid IDX file starts with 0x00 0x00 <type> <ndim>)"
     if len(data) < 4 or data[:2] != b"\x00\x00":
         raise DataError(f"{path} is not an IDX file (bad magic {data[:4].hex()})", bad)

@@ -361,10 +361,22 @@ _OPS: dict[int, Callable[[_Machine], None]] = {
 }
 
 
-def _finish(obj: Any, depth: int = 0) -> Any:
-    """Replace array builders by their tensors and byte views by bytes, throughout the result."""
+def _finish(obj: Any, depth: int = 0, done: dict[int, Any] | None = None) -> Any:
+    """Replace array builders by their tensors and byte views by bytes, throughout the result.
+
+    Each container is converted once (`done`, by identity): a pickle whose memo references one list from
+    many places stays as small as its file instead of being copied once per reference (exponential)."""
+    done = {} if done is None else done
+    if id(obj) in done:
+        return done[id(obj)][1]
     if depth > 100:
         raise Refused("containers nested more than 100 deep")
+    out = _finish_one(obj, depth, done)
+    done[id(obj)] = (obj, out)  # keep obj alive so its id is not reused while converting
+    return out
+
+
+def _finish_one(obj: Any, depth: int, done: dict[int, Any]) -> Any:
     if isinstance(obj, _Array):
         if obj.tensor is None:
             raise Refused("an array was never given its data")
@@ -376,10 +388,10 @@ def _finish(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, dict):
         out = type(obj)()
         for k, v in obj.items():
-            out[_finish(k, depth + 1)] = _finish(v, depth + 1)
+            out[_finish(k, depth + 1, done)] = _finish(v, depth + 1, done)
         return out
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_finish(v, depth + 1) for v in obj)
+        return type(obj)(_finish(v, depth + 1, done) for v in obj)
     return obj
 
 

@@ -22,6 +22,7 @@ from torchboost.models import list_models
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, ThorRecipeOptions, list_optimizers
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
 from torchboost.options import check_type, leaf_fields, opt
+from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -236,13 +237,13 @@ def list_recipes() -> list[str]:
 def read_yaml(path: Path) -> dict:
     """A YAML mapping from a file, with one-line errors for unreadable, non-UTF-8 or invalid files."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_BYTES:  # before reading it whole
+            raise ConfigError(f"{path} is {path.stat().st_size >> 10} kB", "a recipe is a few kB of YAML")
+        data = load_yaml(path.read_text(encoding="utf-8"), str(path))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path} is not UTF-8 text (byte {e.start})", "save the file as UTF-8") from None
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}", "check the path and its permissions") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML ({str(e).splitlines()[0]})", "fix the YAML syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -257,9 +258,11 @@ def parse_override(item: str) -> dict:
         raise ConfigError(f"override '{item}' is not key=value", "write e.g. --set train.epochs=5")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
+        value = load_yaml(raw, f"--set {key}") if raw != "" else ""
+    except ConfigError:
+        if any(c in raw for c in "*&{}[]"):  # YAML structure that did not parse (or an alias): say so
+            raise
+        value = raw  # a plain string that YAML reads oddly, e.g. "a: b"
     nested: Any = value
     for k in reversed(key.strip().split(".")):
         nested = {k: nested}
@@ -270,6 +273,7 @@ def build_config(source: dict | None = None, overrides: Sequence[str] = ()) -> C
     """Defaults <- a recipe's mapping <- `--set` overrides, keys and types checked (values not yet)."""
     cfg = Config()
     if source:
+        check_plain(source, "the config")  # a checkpoint's saved config is untrusted data too
         merge(cfg, source)
     for item in overrides:
         merge(cfg, parse_override(item))

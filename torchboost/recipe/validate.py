@@ -33,6 +33,7 @@ def validate(cfg: Config) -> None:
     _check_model(cfg)
     _check_optim(cfg)
     _check_train(cfg)
+    _check_checkpoint(cfg)
     try:
         resolve_device(cfg.train.device)
     except ConfigError as e:
@@ -123,6 +124,25 @@ def _check_optim(cfg: Config) -> None:
             raise ConfigError(f"optim.{entry.options_key}: {e.what}", e.fix) from None
     if cfg.schedule.mode == "step" and not cfg.schedule.milestones:
         raise ConfigError("schedule.mode=step needs schedule.milestones", "e.g. --set schedule.milestones=[30,60]")
+
+
+NAME_MAX = 255  # bytes in one file name on Linux/macOS file systems
+LONGEST_SUFFIX = "-99999_999999.pt.tmp-9999999999"  # checkpoint name + atomic temp suffix, generously
+
+
+def _check_checkpoint(cfg: Config) -> None:
+    """checkpoint.prefix is a file name inside the run's ckpt/ folder, never a path out of it."""
+    prefix = cfg.checkpoint.prefix
+    if prefix is None:
+        return
+    if not prefix or prefix in (".", "..") or "/" in prefix or "\\" in prefix or "\0" in prefix:
+        raise ConfigError(f"checkpoint.prefix={prefix!r} is not a file name", "use a plain name such as resnet50 "
+                          "(checkpoints always go to OUTPUT/ckpt/; choose the folder with --output)")
+    if not prefix.isprintable():
+        raise ConfigError(f"checkpoint.prefix={prefix!r} holds control characters", "use a plain name")
+    if len((prefix + LONGEST_SUFFIX).encode()) > NAME_MAX:
+        raise ConfigError(f"checkpoint.prefix is {len(prefix.encode())} bytes: its file names would pass the "
+                          f"{NAME_MAX}-byte limit", f"use at most {NAME_MAX - len(LONGEST_SUFFIX)} bytes")
 
 
 def _check_train(cfg: Config) -> None:

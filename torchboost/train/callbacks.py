@@ -16,7 +16,7 @@ import torch
 from torchboost.dist import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.fileio import remove_stale_temps
-from torchboost.train.checkpoint import atomic_save, checkpoint_name
+from torchboost.train.checkpoint import atomic_save, checkpoint_name, is_checkpoint_name
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
 from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
 from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
@@ -146,7 +146,11 @@ class ModelCheckpoint(Callback):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.written = [self.directory / name for name in state.get("files", [])]
+        # A checkpoint is data from whoever shared it, never a list of paths to act on: only bare names of
+        # this prefix's numbered checkpoints that exist in this folder are taken (pruning deletes them later).
+        files = state.get("files", [])
+        names = [n for n in files if is_checkpoint_name(n, self.prefix)] if isinstance(files, list) else []
+        self.written = [self.directory / n for n in dict.fromkeys(names) if (self.directory / n).is_file()]
         if self.best is not None and "best" in state:
             self.best.load_state_dict(state["best"])
 

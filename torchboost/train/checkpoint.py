@@ -87,6 +87,14 @@ def check_resumable(ckpt: dict, source: str) -> None:
                               "groups do not hold", fix)
 
 
+def is_checkpoint_name(name: object, prefix: str) -> bool:
+    """True for a bare file name `{prefix}-{epoch}_{step}.pt`: no folder, no `..`, this prefix only."""
+    if not isinstance(name, str) or Path(name).name != name:
+        return False
+    m = _NAME.match(name)
+    return m is not None and m["prefix"] == prefix
+
+
 def list_checkpoints(directory: str | Path, prefix: str) -> list[Path]:
     """This prefix's checkpoints, oldest first (by epoch, then step)."""
     found = []
