@@ -47,7 +47,8 @@ def bad_values(key: str, f: dataclasses.Field, tp) -> list:
     for rule, step in (("ge", -1), ("gt", 0), ("le", 1), ("lt", 0)):
         bound = f.metadata.get(rule)
         if bound is not None:
-            bad_items.append(int(bound + step) if item is int else float(bound + step * 0.5))
+            # one step past the bound (relative for large floats, where bound + 0.5 == bound)
+            bad_items.append(int(bound + step) if item is int else float(bound + step * max(0.5, abs(bound))))
     if item is float:
         bad_items.append(float("nan"))
     return [{"a": 1}, *([v] if is_list else v for v in bad_items)]

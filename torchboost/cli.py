@@ -190,9 +190,12 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 2^31-1")
     return value
 
 
@@ -276,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reference-set", action="append", metavar="KEY=VALUE", help="override for --reference-config")
     a.add_argument("--single-step", action="store_true", help="feed each reference layer our layer's inputs")
     a.add_argument("--name-map", metavar="FILE.json|mindspore", help="map our names to the reference's")
-    a.add_argument("--batch-size", type=int, default=8)
+    a.add_argument("--batch-size", type=positive_int, default=8, help="images in the one batch both sides run")
     a.add_argument("--batch", choices=["random", "data"], default="random", help="seeded noise or real images")
     a.add_argument("--report", metavar="OUT.json", help="write the JSON report")
     a.add_argument("--rows", type=int, default=40, help="table rows to print")
@@ -296,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", "-c", default=DEFAULT_RECIPE)
     g.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
     g.add_argument("--checkpoint", help="weights to inspect (default: fresh initialisation)")
-    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--batch-size", type=positive_int, default=16, help="images in the batch")
     g.add_argument("--batch", choices=["random", "data"], default="data")
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
     g.add_argument("--json", metavar="OUT.json")
@@ -311,11 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
-    rc.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 (same init and batch order)")
-    rc.add_argument("--epochs", type=int, help="epoch budget and schedule length (default train.epochs)")
+    rc.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1 (same init and batch order)")
+    rc.add_argument("--epochs", type=positive_int, help="epoch budget and schedule length (default train.epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
-    rc.add_argument("--threads", type=int, default=1, help="torch threads (fixed for fair timing)")
+    rc.add_argument("--threads", type=positive_int, default=1, help="torch threads (fixed for fair timing)")
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
     rc.set_defaults(func=_cmd_race)
 

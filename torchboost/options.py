@@ -37,12 +37,16 @@ def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSIN
     return field(default=default, metadata=meta)
 
 
+def _number(b: float) -> str:
+    return str(b) if isinstance(b, int) else f"{b:g}"
+
+
 def describe_rules(f: dataclasses.Field) -> str:
     """'one of a, b' / '>= 0 and < 1' / '' for a field's rules (used in error messages and docs)."""
     meta = f.metadata
     if meta.get("choices"):
         return "one of " + ", ".join(str(c) for c in meta["choices"])
-    parts = [f"{_BOUNDS[k][0]} {meta[k]:g}" for k in _BOUNDS if meta.get(k) is not None]
+    parts = [f"{_BOUNDS[k][0]} {_number(meta[k])}" for k in _BOUNDS if meta.get(k) is not None]
     return " and ".join(parts)
 
 
@@ -106,7 +110,7 @@ def check_rules(value: Any, f: dataclasses.Field, where: str) -> None:
         for key, (sign, ok) in _BOUNDS.items():
             bound = meta.get(key)
             if bound is not None and not ok(v, bound):
-                raise ConfigError(f"{where} must be {describe_rules(f)}, got {v}", f"set {where} {sign} {bound:g}")
+                raise ConfigError(f"{where} must be {describe_rules(f)}, got {v}", f"set {where} {sign} {_number(bound)}")
 
 
 def leaf_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any, Any]]:

@@ -45,6 +45,8 @@ def _read_bytes(path: Path, cap: Callable[[bytes], int] = lambda head: MAX_INFLA
     if len(head) + len(rest) > limit or inflate.unconsumed_tail:
         raise DataError(f"{path} inflates past {limit:,} bytes (what its contents can need)",
                         "the file is corrupt or not MNIST data: re-download it")
+    if not inflate.eof:
+        raise DataError(f"cannot read {path}: the gzip stream is truncated", "re-download the file")
     return head + rest
 
 

@@ -48,15 +48,15 @@ class DataConfig:
     path: Optional[str] = opt(None)
     image_size: Optional[int] = opt(None, ge=1, le=2048)  # None: native size (in-memory sets), 224 (folders)
     channels: Optional[int] = opt(None, choices=(1, 3))  # None: the data's own (1 for MNIST, 3 for folders)
-    batch_size: int = opt(64, ge=1)  # per process
-    eval_batch_size: int = opt(500, ge=1)
-    workers: int = opt(0, ge=0)
+    batch_size: int = opt(64, ge=1, le=2**31 - 1)  # per process
+    eval_batch_size: int = opt(500, ge=1, le=2**31 - 1)
+    workers: int = opt(0, ge=0, le=1024)
     pin_memory: bool = opt(False)
     skip_corrupt: bool = opt(False)
     mean: Optional[list[float]] = opt(None)
     std: Optional[list[float]] = opt(None, gt=0)
     crop_pct: float = opt(0.875, gt=0, le=1)
-    synthetic_size: int = opt(1024, ge=1)
+    synthetic_size: int = opt(1024, ge=1, le=10_000_000)
     # Ship uint8 batches and normalize on the device: 4x fewer bytes through workers and host-to-device copies.
     normalize_on_device: bool = opt(False)
     # Training augmentation. auto: imagenet for folders of photos for ResNets; otherwise shift when
@@ -113,13 +113,13 @@ class EmaConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = opt(3, ge=1)
-    seed: int = opt(0, ge=0)
+    epochs: int = opt(3, ge=1, le=1_000_000)
+    seed: int = opt(0, ge=0, le=2**32 - 1)  # numpy's seed range
     device: str = opt("auto")  # auto | cpu | cuda | cuda:N
     amp_level: str = opt("O0", choices=("O0", "O1", "O2", "O3"))
     amp_dtype: str = opt("auto", choices=("auto", "bfloat16", "float16"))
     loss_scale: str = opt("none", choices=("none", "fixed", "dynamic"))
-    loss_scale_value: float = opt(128.0, gt=0)
+    loss_scale_value: float = opt(128.0, gt=0, le=2.0**64)  # applied in float32: must stay far below 3.4e38
     drop_overflow_update: bool = opt(False)
     clip_global_norm: Optional[float] = opt(None, gt=0)
     clip_value: Optional[float] = opt(None, gt=0)

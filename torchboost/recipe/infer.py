@@ -22,6 +22,7 @@ from torchboost.recipe.data import build_dataset, eval_preprocess, load_data
 from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
 from torchboost.recipe.resolve import resolve
+from torchboost.recipe.validate import validate
 from torchboost.train.checkpoint import load_checkpoint, load_model_state
 from torchboost.train.model import Model
 
@@ -38,6 +39,9 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
         cfg = build_config(ckpt["config"], overrides)
+        # the saved config is untrusted data and --set values need train's checks; the weights it started
+        # from (init_weights) need not exist where it is evaluated
+        validate(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_weights=None)))
     else:
         if config is None:
             raise CheckpointError(f"{path} holds weights but no saved config",

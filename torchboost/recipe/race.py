@@ -12,6 +12,7 @@ training-time budget, divergence, or (by default) once it reached every target.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -76,9 +77,14 @@ def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     for item in items:
         name, _, values = item.rpartition("=")
         try:
-            grids[name.strip()] = tuple(float(v) for v in values.split(","))
+            lrs = tuple(float(v) for v in values.split(","))
         except ValueError:
             raise ConfigError(f"bad lr grid '{item}'", "write NAME=LR[,LR...], e.g. sgd=0.01,0.02,0.05") from None
+        if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+            raise ConfigError(f"lr grid '{item}' holds a value that is not a finite number > 0",
+                              "write NAME=LR[,LR...], e.g. sgd=0.01,0.02,0.05")
+        get_optimizer(name.strip())  # an unknown optimizer is named with did-you-mean
+        grids[name.strip()] = lrs
     return grids
 
 
@@ -155,6 +161,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
     the interleaved sequence of all runs' epochs))."""
     if not racers or not targets:
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
+    if not all(0 < t <= 1 for t in targets):
+        raise ConfigError(f"targets {list(targets)} are not all accuracies in (0, 1]", "e.g. --targets 0.975 0.98")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs or cfg.train.epochs))
     epochs = cfg.train.epochs
     evaluation = _eval_batches(cfg, eval_ds)

@@ -34,6 +34,7 @@ def validate(cfg: Config) -> None:
     _check_optim(cfg)
     _check_train(cfg)
     _check_checkpoint(cfg)
+    _check_output(cfg)
     try:
         resolve_device(cfg.train.device)
     except ConfigError as e:
@@ -143,6 +144,21 @@ def _check_checkpoint(cfg: Config) -> None:
     if len((prefix + LONGEST_SUFFIX).encode()) > NAME_MAX:
         raise ConfigError(f"checkpoint.prefix is {len(prefix.encode())} bytes: its file names would pass the "
                           f"{NAME_MAX}-byte limit", f"use at most {NAME_MAX - len(LONGEST_SUFFIX)} bytes")
+
+
+def _check_output(cfg: Config) -> None:
+    """`output` may name the recipe as {name}; any other placeholder is a typo, not a crash later."""
+    import string
+
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(cfg.output) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"output={cfg.output!r}: {e}", "write {name} for the recipe's name, {{ }} for braces") from None
+    if any(f != "name" for f in fields):
+        raise ConfigError(f"output={cfg.output!r} has the placeholder {{{next(f for f in fields if f != 'name')}}}",
+                          "the only placeholder is {name} (the recipe's name)")
+    if not cfg.output.strip():
+        raise ConfigError("output is empty", "give a folder, e.g. runs/{name}")
 
 
 def _check_train(cfg: Config) -> None:

@@ -20,6 +20,8 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
         dev = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"unknown device {name!r}", "use auto, cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):  # meta, mps, xpu...: training here runs on CPU or CUDA only
+        raise ConfigError(f"device {name!r} is not a training device torchboost supports", "use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name} requested but CUDA is not available", "use cpu or auto (train.device=cpu)")
     return dev
