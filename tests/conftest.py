@@ -2,6 +2,13 @@
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: a fixed seed and example count in CI; `pytest --hypothesis-profile=soak` for a long hunt.
+settings.register_profile("ci", max_examples=80, deadline=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
+settings.register_profile("soak", max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile("ci")
 
 
 @pytest.fixture(scope="module")
