@@ -25,6 +25,7 @@ from .errors import ConfigError, DataError
 from .models import create_model, list_models
 from .train.device import resolve_device
 from .train.model import Model
+from torchboost.fileio import atomic_write
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("train", "data", "both")
@@ -271,5 +272,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result, table = run_bench(args)
     print(table)
     if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        atomic_write(args.json, json.dumps(result, indent=2))
     return 0

@@ -8,6 +8,7 @@ import traceback
 from typing import Callable, Optional, Sequence
 
 from .errors import TorchboostError
+from .fileio import atomic_write
 
 DEFAULT_RECIPE = "mnist-lenet"
 
@@ -129,8 +130,7 @@ def _cmd_diff_config(args: argparse.Namespace) -> int:
     diff = diff_configs(args.a, args.b, args.set_a or [], args.set_b or [])
     print(diff.table(all_keys=args.all))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(diff.to_dict(all_keys=args.all), f, indent=2)
+        atomic_write(args.json, json.dumps(diff.to_dict(all_keys=args.all), indent=2))
     return 0
 
 
@@ -144,8 +144,7 @@ def _cmd_debug_layers(args: argparse.Namespace) -> int:
                                      train_mode=not args.eval_mode)
     print(report.table())
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
+        atomic_write(args.json, json.dumps(report.to_dict(), indent=2))
     return 0
 
 
@@ -356,6 +355,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file system refusal nothing above turned into a one-line error yet
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e} — check the path and its permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: the last checkpoint is intact; continue with --resume", file=sys.stderr)

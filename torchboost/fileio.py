@@ -54,6 +54,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     is removed and `path` is left untouched; an OSError (in the body or here) becomes `OutputError`.
     """
     path = Path(path)
+    if not path.name or path.is_dir():
+        raise OutputError(f"cannot write {path}: it is a folder", "give a file name")
     tmp = temp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

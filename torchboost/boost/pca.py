@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from torchboost.errors import CheckpointError, ConfigError
+from torchboost.fileio import atomic_path
 from torchboost.migrate.formats import FORMATS, TORCH
 
 CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # a first stage's torchboost checkpoints
@@ -77,7 +78,8 @@ def load_state_dict(path: str | Path) -> Mapping[str, torch.Tensor]:
 
 
 def save_basis(basis: torch.Tensor, path: str | Path) -> None:
-    np.save(path, basis.cpu().numpy())
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.save would append .npy to a path
+        np.save(f, basis.cpu().numpy())
 
 
 def _flat(source, names: Sequence[str] | None) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 
 from .compare import Metrics, compare_tensors, judge
 from .record import Recording
+from torchboost.fileio import atomic_write
 
 @dataclass
 class AlignItem:
@@ -80,8 +81,7 @@ class AlignReport:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
+        atomic_write(path, json.dumps(self.to_dict(), indent=1))
         return path
 
 

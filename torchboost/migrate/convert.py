@@ -10,8 +10,10 @@ they are (a pure container change).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from torchboost.errors import CheckpointError, ConfigError
+from torchboost.fileio import remove_stale_temps
 from torchboost.migrate.formats import MINDSPORE, format_of, read_weights, source_format, write_weights
 from torchboost.migrate.names import MappingReport
 
@@ -64,5 +66,6 @@ def convert(in_path: str | os.PathLike, out_path: str | os.PathLike, arch: str |
                               "weights) or convert non-strictly")
     if not state:
         raise CheckpointError(f"no tensors of {in_path} map to {report.arch}", "pick the right arch")
+    remove_stale_temps(Path(out_path).parent)  # what a killed convert left (full-size temporary files)
     write_weights(out_path, state)
     return report

@@ -32,6 +32,7 @@ import torch
 
 from ..errors import DataError
 from .record import Recording
+from torchboost.fileio import atomic_path, atomic_write, output_error
 
 FORMAT, VERSION = "torchboost-align-dump", 1
 
@@ -43,26 +44,35 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _savez(path: Path, **arrays: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
+        np.savez(f, **arrays)
+
+
 def write_dump(rec: Recording, out: str | Path, batch: tuple[torch.Tensor, torch.Tensor],
                weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write a Recording (already in the names the reader expects) in the layout above."""
     out = Path(out)
     for sub in ("forward", "grad", "update"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    np.savez(out / "batch.npz", x=_np(batch[0]), y=_np(batch[1]))
+        try:
+            (out / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise output_error(out / sub, e) from None
+    _savez(out / "batch.npz", x=_np(batch[0]), y=_np(batch[1]))
     if weights is not None:
-        np.savez(out / "weights.npz", **{k: _np(v) for k, v in weights.items()})
+        _savez(out / "weights.npz", **{k: _np(v) for k, v in weights.items()})
     for call, outputs in rec.forward.items():
         arrays = {"output": _np(outputs[0])} if len(outputs) == 1 else {
             f"output_{i}": _np(t) for i, t in enumerate(outputs)}
         arrays.update({f"input_{i}": _np(t) for i, t in enumerate(rec.inputs.get(call, ()))})
-        np.savez(out / "forward" / f"{call}.npz", **arrays)
+        _savez(out / "forward" / f"{call}.npz", **arrays)
     for sub, tensors in (("grad", rec.grads), ("update", rec.updates)):
         for name, t in tensors.items():
-            np.save(out / sub / f"{name}.npy", _np(t))
+            with atomic_path(out / sub / f"{name}.npy") as tmp, open(tmp, "wb") as f:
+                np.save(f, _np(t))
     meta = {"format": FORMAT, "version": VERSION, "loss": rec.loss, "forward_order": list(rec.forward),
             "framework": f"torch {torch.__version__}"}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    atomic_write(out / "meta.json", json.dumps(meta, indent=1))  # last: a dump with meta.json is complete
     return out
 
 

@@ -14,6 +14,7 @@ import torch
 
 from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
 from torchboost.recipe.race import Lane
+from torchboost.fileio import atomic_path, atomic_write
 
 
 def cpu_flags() -> str:
@@ -124,12 +125,11 @@ def format_markdown(summary: dict) -> str:
 
 def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -> tuple[Path, Path]:
     """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
-    out.mkdir(parents=True, exist_ok=True)
     runs = [{"optimizer": l.racer, "lr": l.lr, "seed": l.seed, "stopped": l.stopped, "history": l.history}
             for l in lanes]
     meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags()}
     path = out / "race.json"
-    path.write_text(json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
+    atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
                                default=lambda v: None))
     return path, plot(lanes, summary, out / "race.png")
 
@@ -165,6 +165,7 @@ def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
     ax.set_ylim(max(0.0, low), 1.0)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")  # format: the temp name does not end in .png
     plt.close(fig)
     return path
