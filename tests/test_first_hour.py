@@ -93,13 +93,27 @@ def test_resnet_recipe_on_a_small_folder(tmp_path, capsys, monkeypatch):
     assert cfg18.checkpoint.prefix == "resnet18"  # a resnet18 run writes resnet18-*.pt
 
 
-def test_resume_into_a_new_output_continues_the_history(tmp_path, capsys):
-    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(tmp_path / "a"), *QUIET]) == 0
-    ckpt = tmp_path / "a/ckpt/mnist_cnn-1_44.pt"
-    assert main(["train", "-c", "digits-lenet", "--epochs", "2", "--resume", str(ckpt), "-o", str(tmp_path / "b"),
-                 *QUIET]) == 0
-    rows = [json.loads(line) for line in (tmp_path / "b/history.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2]
+def test_resume_continues_in_its_own_folder_found_by_folder_last_or_auto(tmp_path, capsys):
+    """--resume takes a run folder, `last` or `auto` too; a resumed run continues in its own folder (another
+    -o is refused, nothing created there) with its own config, and the history continues."""
+    a = tmp_path / "a"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(a), *QUIET]) == 0
+    ckpt = a / "ckpt/mnist_cnn-1_44.pt"
+    err = one_line(capsys, main(["train", "--epochs", "2", "--resume", str(ckpt), "-o", str(tmp_path / "b")]))
+    assert "continues in its own folder" in err and not (tmp_path / "b").exists()
+    capsys.readouterr()
+    assert main(["train", "--epochs", "2", "--resume", str(a), *QUIET]) == 0  # the folder: its newest checkpoint
+    assert "resume: train.epochs 1 -> 2" in capsys.readouterr().out
+    assert main(["train", "-c", "digits-lenet", "--epochs", "3", "-o", str(a), "--resume", "last", *QUIET]) == 0
+    rows = [json.loads(line) for line in (a / "history.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    fresh = tmp_path / "c"  # auto with nothing to continue starts fresh; then it continues
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(fresh), "--resume", "auto", *QUIET]) == 0
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(fresh), "--resume", "auto", *QUIET]) == 2
+    assert "nothing left to train" in capsys.readouterr().err
+    err = one_line(capsys, main(["train", "-c", "digits-lenet", "--epochs", "1", "--set", "train.seed=5", "-o",
+                                 str(fresh), "--resume", "auto"]))
+    assert "holds a different run" in err and "train.seed" in err
 
 
 def test_metric_aliases_through_the_recipe(tmp_path, capsys):

@@ -25,8 +25,10 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
 def _cmd_train(args: argparse.Namespace) -> int:
     from .recipe.config import build_config, dump_config, read_yaml, resolve_recipe
     from .recipe.kinds import FOLDER, get_kind
+    from .errors import ConfigError
     from .recipe.load import load_config
-    from .recipe.run import train_from_config
+    from .recipe.resume import AUTO, plan_resume, restarted_by_torchrun
+    from .recipe.run import output_dir, train_from_config
 
     overrides = train_overrides(args)
     if args.data:
@@ -37,12 +39,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
                   f"recipe's built-in {dataset}")
             overrides.append(f"data.dataset={FOLDER}")
         overrides.append(f"data.path={args.data}")
-    cfg = load_config(args.config, overrides)
+    if args.output is not None and not args.output.strip():
+        raise ConfigError("-o/--output is empty", "give a folder, or leave -o out for runs/<recipe name>")
+    resume = args.resume if args.resume is not None else AUTO if restarted_by_torchrun() else None
+    if resume:  # the run's own folder and recorded config (+ --set), see recipe.resume
+        plan = plan_resume(resume, args.config, overrides, args.output, args.overwrite, args.force)
+        cfg, output, overwrite = plan.config, str(plan.output), plan.overwrite
+        resume = str(plan.checkpoint) if plan.checkpoint else None
+    else:
+        cfg, output, overwrite = load_config(args.config, overrides), args.output, args.overwrite
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
-    result = train_from_config(cfg, resume=args.resume, output=args.output, profile=args.profile,
-                               overwrite=args.overwrite)
+    folder = output_dir(cfg, output)
+    try:
+        result = train_from_config(cfg, resume=resume, output=output, profile=args.profile, overwrite=overwrite)
+    except KeyboardInterrupt:
+        print(f"interrupted: the last checkpoint is intact; continue with: torchboost train --resume {folder}",
+              file=sys.stderr)
+        return 130
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
         print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
@@ -218,7 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, help="shortcut for --set optim.lr=X")
     t.add_argument("--batch-size", "-b", type=int, help="shortcut for --set data.batch_size=N (per process)")
     t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
-    t.add_argument("--resume", help="checkpoint to continue from")
+    t.add_argument("--resume", metavar="CHECKPOINT|RUN_FOLDER|last|auto",
+                   help="continue a run in its own folder with its recorded config (+ --set): a checkpoint, a run "
+                        "folder (its newest checkpoint), last (the output folder's newest) or auto (that, or start "
+                        "fresh); automatic after a torchrun restart")
+    t.add_argument("--force", action="store_true", help="with --resume: allow --set changes that break an exact "
+                                                        "continuation (data, model, seed, batch, optimizer)")
     t.add_argument("--overwrite", action="store_true", help="replace an earlier run's files in the output folder")
     t.add_argument("--print-config", action="store_true", help="print the validated config as YAML and exit")
     t.add_argument("--profile", nargs="?", const="", default=None, metavar="DIR",

@@ -98,14 +98,5 @@ def remove_run(out: Path) -> None:
             shutil.rmtree(out / name, ignore_errors=True)
 
 
-def carry_history(resume: str, out: Path) -> None:
-    """Resuming into a new folder: start from the resumed run's history so the curves continue."""
-    source = Path(resume).resolve().parent.parent  # RUN/ckpt/PREFIX-E_S.pt -> RUN
-    if source == out.resolve() or (out / "history.jsonl").exists():
-        return
-    if (source / "history.jsonl").is_file():
-        atomic_write(out / "history.jsonl", (source / "history.jsonl").read_text())
-
-
 def write_config(out: Path, text: str) -> None:
     atomic_write(out / "config.yaml", text)

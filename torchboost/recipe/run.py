@@ -29,7 +29,7 @@ from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
 from torchboost.recipe.data import load_data
 from torchboost.recipe.diff import flatten
-from torchboost.recipe.outputs import carry_history, claim_output, write_config
+from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import resolve
 from torchboost.recipe.validate import validate
 from torchboost.seed import seed_everything
@@ -100,13 +100,16 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         if resume:
             ckpt = load_checkpoint(resume, map_location=device)  # read once: checked here, restored by Model
             check_same_run(ckpt, resume, run_cfg)
+            check_classes_unchanged(ckpt, resume, list(train_ds.classes))
+            done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
+            if done >= run_cfg.train.epochs:
+                raise ConfigError(f"{resume} has already trained {done} epoch(s) and train.epochs={run_cfg.train.epochs}: "
+                                  "there is nothing left to train", "give more epochs to continue (--epochs N)")
             model.load_checkpoint(resume, ckpt=ckpt)
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
         callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
         if info.is_main:
-            if resume:
-                carry_history(resume, out)
             write_config(out, dump_config(run_cfg))
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
         state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
@@ -118,6 +121,15 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
             f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
     return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
+
+
+def check_classes_unchanged(ckpt: dict, path: str, classes: list[str]) -> None:
+    """Labels are class indices: a resumed run on data whose class folders changed would shift them."""
+    saved = ckpt.get("classes")
+    if isinstance(saved, list) and saved != classes:
+        diff = sorted(set(map(str, saved)) ^ set(classes))[:3]
+        raise DataError(f"the data's classes differ from those {path} was trained on ({', '.join(diff) or 'order'})",
+                        "resume on the same class folders, or start a new run with train.init_weights")
 
 
 def check_same_run(ckpt: dict, path: str, cfg: Config) -> None:

@@ -1,0 +1,160 @@
+"""What `--resume` continues: which checkpoint, in which folder, with which configuration.
+
+A resumed run continues in its own run's folder with its own recorded (resolved) configuration; `--set`
+values are applied on top, named and printed, and those that would break a bit-exact continuation (the data,
+the model, the seed, the batch, accumulation, the optimizer) are refused unless `--force`. The spec may be
+a checkpoint file, a run folder (its newest complete checkpoint), `last` (the newest of the recipe's output
+folder) or `auto` (that, or a fresh start when there is nothing to continue). Under torchrun, a restarted
+worker group (TORCHELASTIC_RESTART_COUNT > 0) resumes `auto` by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from torchboost.errors import CheckpointError, ConfigError
+from torchboost.recipe.config import Config, build_config, parse_override
+from torchboost.recipe.diff import flatten
+from torchboost.recipe.load import load_config
+from torchboost.recipe.outputs import previous_run
+from torchboost.recipe.validate import validate
+from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
+
+AUTO, LAST = "auto", "last"
+# --set keys whose change makes the continuation a different run (its data order, shapes or state)
+BREAKING = ("data.", "model.", "train.seed", "train.accumulation_steps", "optim.name", "boost.")
+HARMLESS = ("data.workers", "data.pin_memory", "data.eval_batch_size", "data.skip_corrupt")
+
+
+@dataclasses.dataclass
+class ResumePlan:
+    checkpoint: Optional[Path]  # None: `auto` found nothing to continue, start fresh
+    output: Path
+    config: Config
+    overwrite: bool = False  # `auto` restarting its own run that died before its first checkpoint
+
+
+def restarted_by_torchrun() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip() not in ("", "0")
+
+
+def newest_checkpoint(out: Path, prefix: Optional[str] = None) -> Optional[tuple[Path, dict]]:
+    """The newest checkpoint of `out` that loads completely (a damaged newest one falls back to the one
+    before), with its contents."""
+    folder = out / "ckpt"
+    if not folder.is_dir():
+        return None
+    prefixes = [prefix] if prefix else sorted({p.name.rsplit("-", 1)[0] for p in folder.glob("*-*_*.pt")})
+    found = sorted((p for pre in prefixes for p in list_checkpoints(folder, pre)), key=_order)
+    for path in reversed(found):
+        try:
+            ckpt = load_checkpoint(path)
+        except CheckpointError:
+            continue
+        if isinstance(ckpt.get("config"), dict):
+            return path, ckpt
+    return None
+
+
+def _order(path: Path) -> tuple[int, int]:
+    epoch, step = path.stem.rsplit("-", 1)[1].split("_")
+    return int(epoch), int(step)
+
+
+def _run_folder(checkpoint: Path) -> Optional[Path]:
+    """RUN for RUN/ckpt/PREFIX-E_S.pt (None for a checkpoint kept anywhere else)."""
+    parent = checkpoint.resolve().parent
+    return parent.parent if parent.name == "ckpt" else None
+
+
+def _differences(asked: Config, saved: dict) -> dict[str, object]:
+    """{key: asked value} for keys the user set (not left to inference: None or "auto") that differ from the
+    saved run's resolved value."""
+    have = flatten(saved)
+    return {k: v for k, v in flatten(asked.to_dict()).items()
+            if v is not None and v != "auto" and k in have and have[k] != v}
+
+
+def _breaking(keys) -> list[str]:
+    return [k for k in keys if k.startswith(BREAKING) and not k.startswith(HARMLESS)]
+
+
+def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], output: Optional[str],
+                overwrite: bool = False, force: bool = False, log: Callable[[str], None] = print) -> ResumePlan:
+    if overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces one", "choose one of them")
+    if spec in (AUTO, LAST):
+        asked = load_config(recipe, overrides)
+        out = Path(output or asked.output.format(name=asked.name))
+        found = newest_checkpoint(out, asked.checkpoint.prefix)
+        if found is None:
+            return _fresh(spec, asked, out)
+        path, ckpt = found
+        differ = _differences(asked, ckpt["config"])
+        other = _breaking(differ)
+        if other:
+            raise ConfigError(f"{out} holds a different run ({', '.join(other[:3])} differ from {path.name})",
+                              f"choose another --output, or resume that run with --resume {out}")
+        settings = [f"{k}={json.dumps(v)}" for k, v in differ.items()]  # e.g. more epochs: applied and printed
+        return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log))
+    path = Path(spec)
+    if path.is_dir():
+        found = newest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"no complete checkpoint in {path / 'ckpt'}", "resume from a checkpoint file, or "
+                                  "start the run again")
+        (path, ckpt), home = found, path
+    else:
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {path} not found", "give a checkpoint file, a run folder, "
+                                  "'last' or 'auto'")
+        ckpt, home = load_checkpoint(path), _run_folder(path)
+        if not isinstance(ckpt.get("config"), dict):
+            raise CheckpointError(f"{path} holds no saved config: it was not written by torchboost train",
+                                  f"start a new run from its weights with --set train.init_weights={path}")
+    if home is None and output is None:
+        raise ConfigError(f"{path} is not inside a run's ckpt/ folder", "say where the continued run goes with -o")
+    out = Path(output) if output else home
+    if home is not None and out.resolve() != home.resolve():
+        raise ConfigError(f"{path} belongs to the run in {home}; a resumed run continues in its own folder",
+                          f"drop -o (or use -o {home}), or start a new run from its weights with "
+                          f"--set train.init_weights={path}")
+    if home is None and previous_run(out):
+        raise ConfigError(f"output folder {out} holds another run", "choose an empty --output")
+    return ResumePlan(path, out, _config(ckpt["config"], overrides, path, force, log))
+
+
+def _fresh(spec: str, asked: Config, out: Path) -> ResumePlan:
+    if spec == LAST:
+        raise CheckpointError(f"no complete checkpoint in {out / 'ckpt'}", "start the run without --resume")
+    if not previous_run(out):
+        return ResumePlan(None, out, asked)
+    saved = out / "config.yaml"
+    from torchboost.recipe.config import read_yaml
+
+    if saved.is_file() and not _breaking(_differences(asked, read_yaml(saved))):
+        return ResumePlan(None, out, asked, overwrite=True)  # this run died before its first checkpoint
+    raise ConfigError(f"{out} holds a different run and no checkpoint of this one", "choose another --output")
+
+
+def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log: Callable[[str], None]) -> Config:
+    """The run's own config with `--set` applied; the changes are printed, breaking ones refused."""
+    before = flatten(saved)
+    cfg = build_config(saved, overrides)
+    after = flatten(cfg.to_dict())
+    asked = {k for item in overrides for k in flatten(parse_override(item))}
+    changed = [k for k in asked if before.get(k) != after.get(k)]
+    breaking = [k for k in changed if k.startswith(BREAKING) and not k.startswith(HARMLESS)]
+    if breaking and not force:
+        k = breaking[0]
+        raise ConfigError(f"{path} was trained with {k}={before.get(k)}; --set {k}={after.get(k)} would not "
+                          "continue it bit-exactly", "drop that --set, pass --force to change it anyway, or start "
+                          f"a new run from its weights with --set train.init_weights={path}")
+    for k in changed:
+        log(f"resume: {k} {before.get(k)} -> {after.get(k)}" + (" (forced)" if k in breaking else ""))
+    validate(cfg)
+    return cfg
