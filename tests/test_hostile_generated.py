@@ -43,6 +43,17 @@ class Started(BaseException):
     """Raised where the real work would begin: everything before it accepted the input."""
 
 
+@pytest.fixture(scope="module", autouse=True)
+def bounded_memory():
+    """A generated input that allocates without bound must fail here (MemoryError), not take the machine."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, old[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, old)
+
+
 @pytest.fixture(autouse=True)
 def stop_before_work(monkeypatch, tmp_path):
     def started(*args, **kwargs):

@@ -630,7 +630,10 @@ def test_image_size_that_needs_a_huge_allocation(tmp_path, capsys):
     one_line_error(code, err, "data.image_size")
     code, _, err = train(capsys, tmp_path / "b", *syn, "--set", "data.image_size=2048",
                          "--set", "data.synthetic_size=1000000000")
-    one_line_error(code, err, "synthetic", "GiB")
+    one_line_error(code, err, "data.synthetic_size")  # over the key's range before any estimate
+    code, _, err = train(capsys, tmp_path / "c", *syn, "--set", "data.image_size=2048",
+                         "--set", "data.synthetic_size=10000000")
+    one_line_error(code, err, "GiB")  # refused from an estimate, before allocating
 
 
 LIMITED = textwrap.dedent("""

@@ -109,9 +109,9 @@ def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
     assert "bad.png" in _error_line(capsys, args)
     assert main(args + ["--set", "data.skip_corrupt=true", "--overwrite"]) == 0
     assert "skipped 1 corrupt image(s)" in capsys.readouterr().out
-    # A checkpoint of a 2-class model resumed into a 10-class run is refused, naming both.
+    # A checkpoint of a 2-class model resumed as a 10-class run is refused, naming both.
     ckpt = list_checkpoints(tmp_path / "out" / "ckpt", "mnist_cnn")[-1]
-    err = _error_line(capsys, ["train", "--resume", str(ckpt), "--output", str(tmp_path / "o2")])
+    err = _error_line(capsys, ["train", "--resume", str(ckpt), "--set", "model.num_classes=10"])
     assert "model.num_classes=2" in err and "10" in err
     # Its weights in a network of another shape name the first mismatching tensor.
     err = _error_line(capsys, ["train", "--set", f"train.init_weights={ckpt}", "--output", str(tmp_path / "o3")])

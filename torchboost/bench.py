@@ -21,11 +21,13 @@ import torch
 from torch import nn
 
 from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, train_transform
+from .data.folder import MAX_SIDE
+from .data.synthetic import MEMORY_SHARE, physical_memory
 from .errors import ConfigError, DataError
+from .fileio import atomic_write
 from .models import create_model, list_models
 from .train.device import resolve_device
 from .train.model import Model
-from torchboost.fileio import atomic_write
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("train", "data", "both")
@@ -66,6 +68,15 @@ class BenchOptions:
         if min(opts.batch_size, opts.steps, opts.image_size) < 1 or opts.warmup < 0 or min(opts.workers, default=0) < 0:
             raise ConfigError("batch size, steps and image size must be >= 1; warmup and workers >= 0",
                               "fix --batch-size/--steps/--image-size/--warmup/--workers")
+        if opts.image_size > MAX_SIDE or max(opts.steps, opts.warmup) > 1_000_000 or max(opts.workers, default=0) > 1024 \
+                or opts.num_classes > 1_000_000:
+            raise ConfigError("bench sizes are out of range (image size <= 8192, steps and warmup <= 1e6, "
+                              "workers <= 1024, classes <= 1e6)", "fix --image-size/--steps/--warmup/--workers")
+        batch_bytes = 4 * opts.batch_size * 3 * opts.image_size ** 2
+        if batch_bytes > MEMORY_SHARE * physical_memory():
+            raise ConfigError(f"one batch of {opts.batch_size} images of {opts.image_size} px takes "
+                              f"{batch_bytes / 2**30:.1f} GiB, over {MEMORY_SHARE:.0%} of this machine's memory",
+                              "lower --batch-size or --image-size")
         opts.workers = sorted(set(opts.workers)) or [0]
         return opts
 

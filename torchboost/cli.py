@@ -203,14 +203,22 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} — see `{self.prog} --help`\n")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 2^31-1")
-    return value
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high] (an upper bound keeps a typo from exhausting memory)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its messages
+    return parse
+
+
+positive_int = int_between(1, 2**31 - 1)
+DIAGNOSTIC_BATCH = int_between(1, 1024)  # align / debug-layers look at one batch: its activations are kept
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -298,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reference-set", action="append", metavar="KEY=VALUE", help="override for --reference-config")
     a.add_argument("--single-step", action="store_true", help="feed each reference layer our layer's inputs")
     a.add_argument("--name-map", metavar="FILE.json|mindspore", help="map our names to the reference's")
-    a.add_argument("--batch-size", type=positive_int, default=8, help="images in the one batch both sides run")
+    a.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=8, help="images in the one batch both sides run")
     a.add_argument("--batch", choices=["random", "data"], default="random", help="seeded noise or real images")
     a.add_argument("--report", metavar="OUT.json", help="write the JSON report")
     a.add_argument("--rows", type=int, default=40, help="table rows to print")
@@ -318,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", "-c", default=DEFAULT_RECIPE)
     g.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
     g.add_argument("--checkpoint", help="weights to inspect (default: fresh initialisation)")
-    g.add_argument("--batch-size", type=positive_int, default=16, help="images in the batch")
+    g.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=16, help="images in the batch")
     g.add_argument("--batch", choices=["random", "data"], default="data")
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
     g.add_argument("--json", metavar="OUT.json")
@@ -333,11 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
-    rc.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1 (same init and batch order)")
-    rc.add_argument("--epochs", type=positive_int, help="epoch budget and schedule length (default train.epochs)")
+    rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds 0..N-1 (same init and batch order)")
+    rc.add_argument("--epochs", type=int_between(1, 100_000), help="epoch budget and schedule length (default train.epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
-    rc.add_argument("--threads", type=positive_int, default=1, help="torch threads (fixed for fair timing)")
+    rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
     rc.set_defaults(func=_cmd_race)
 
