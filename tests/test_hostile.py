@@ -5,6 +5,7 @@ a write outside the output folder, a hang, a traceback)."""
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
 import struct
 import time
@@ -142,3 +143,27 @@ def test_safe_unpickle_never_imports(tmp_path):
     with pytest.raises(CheckpointError):
         parse_pdparams(pickle.dumps({"w": Boom()}, protocol=4), "evil.pdparams")
     assert not (tmp_path / "pwned").exists()
+
+
+def test_overwrite_deletes_only_what_a_run_wrote(tmp_path, capsys):
+    """A folder of the user's files is not a run; --overwrite of a real run removes exactly the files its
+    manifest lists (and still match), never a user's file in the same folders."""
+    out = tmp_path / "r"
+    user = {"profile/mycode.py": b"print('mine')", "tensorboard/README": b"notes", "ckpt/resnet50-best.pt": b"w",
+            "notes.txt": b"mine"}
+    for rel, data in user.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    assert main(["train", *FAST, "--epochs", "1", "-o", str(out)]) == 0  # user files only: not "another run"
+    assert main(["train", *FAST, "--epochs", "1", "-o", str(out)]) == 2  # now it holds a run
+    run_files = json.loads((out / ".torchboost-run.json").read_text())["files"]
+    assert not set(user) & set(run_files) and "config.yaml" in run_files
+    (out / "history.csv").write_text("edited by the user")  # no longer the run's: neither deleted nor overwritten
+    capsys.readouterr()
+    assert "history.csv was changed since the run wrote it" in one_line_error(
+        capsys, ["train", *FAST, "--epochs", "1", "-o", str(out), "--overwrite"])
+    assert (out / "history.csv").read_text() == "edited by the user" and (out / "config.yaml").is_file()
+    (out / "history.csv").unlink()
+    assert main(["train", *FAST, "--epochs", "1", "-o", str(out), "--overwrite"]) == 0
+    assert {rel: (out / rel).read_bytes() for rel in user} == user
+    assert len(list((out / "ckpt").glob("mnist_cnn-*_*.pt"))) == 1

@@ -252,8 +252,8 @@ def test_a_new_run_into_another_runs_folder_is_refused_and_touches_nothing(run_c
 def test_a_folder_holding_only_checkpoints_is_refused(tmp_path, base_run, capsys):
     out = tmp_path / "run"
     shutil.copytree(base_run / "ckpt", out / "ckpt")
-    code, _, err = train(capsys, out)
-    one_line_error(code, err, f"output folder {out} holds another run (ckpt/)")
+    code, _, err = train(capsys, out)  # not a run (no manifest), but files where this run would write
+    one_line_error(code, err, "is not this run's but has the name its checkpoints take")
 
 
 def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys):

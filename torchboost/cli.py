@@ -369,6 +369,9 @@ def _one_line(e: TorchboostError) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any("\0" in a for a in argv):  # a shell cannot pass one; an API caller can, and no path may hold it
+        print("error: an argument holds a NUL character — remove it", file=sys.stderr)
+        return 2
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -10,47 +10,52 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
-import re
-import shutil
 import time
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
 from torchboost.errors import ConfigError, OutputError
 from torchboost.fileio import atomic_write
+from torchboost.recipe.manifest import MANIFEST, read_manifest, still_ours
 
-# What `torchboost train` writes into an output folder (the run's artifacts, nothing else is touched).
-# The per-rank worklogs in log/ are opened before the folder is claimed and only ever appended to: they
-# are not evidence of another run, and --overwrite keeps them.
+# Files only `torchboost train` writes at the top of a run folder: a folder holding them (or a manifest)
+# holds a run. The per-rank worklogs in log/ are only ever appended to: not evidence of another run.
 RUN_FILES = ("config.yaml", "history.jsonl", "history.csv", "history.png")
 RUN_DIRS = ("ckpt", "tensorboard", "profile")
-CHECKPOINT = re.compile(r".+-(\d+_\d+|best)\.pt$")  # ModelCheckpoint's names: PREFIX-E_S.pt, PREFIX-best.pt
 
 
 def previous_run(out: Path) -> list[str]:
-    """The artifacts of an earlier run in `out` (empty when the folder is new or holds none)."""
-    found = [name for name in RUN_FILES if (out / name).exists()]
-    found += [f"{name}/" for name in RUN_DIRS if (out / name).is_dir() and any((out / name).iterdir())]
-    return found
+    """The artifacts of an earlier run in `out` (empty when the folder is new or holds only other files)."""
+    listed = [rel for rel in read_manifest(out) if (out / rel).exists()]
+    return sorted(set(listed[:3] + [name for name in RUN_FILES if (out / name).is_file()]))
 
 
-def check_output(out: Path, resume: Optional[str], overwrite: bool) -> None:
-    """Refuse a folder that belongs to another run (before anything is written or deleted)."""
+def check_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Optional[str] = None) -> None:
+    """Refuse a folder that belongs to another run, or whose own files sit where this run would write
+    (before anything is written or deleted)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} is a file, not a folder", "choose another --output")
     found = previous_run(out)
     if found and not resume and not overwrite:
         raise ConfigError(f"output folder {out} holds another run ({', '.join(found)})",
-                          "continue it with --resume CHECKPOINT, replace it with --overwrite, or choose another "
-                          "--output")
+                          "continue it with --resume " + str(out) + ", replace it with --overwrite, or choose "
+                          "another --output")
+    if prefix and not resume:  # a user's file named like one this run writes would be overwritten: refuse
+        owned = read_manifest(out) if overwrite else {}
+        for p in sorted((out / "ckpt").glob(f"{glob.escape(prefix)}-*.pt")) if (out / "ckpt").is_dir() else []:
+            rel = p.relative_to(out).as_posix()
+            if rel not in owned:
+                raise ConfigError(f"{p} is not this run's but has the name its checkpoints take",
+                                  "move it away, set another checkpoint.prefix, or choose another --output")
 
 
 @contextlib.contextmanager
-def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[None]:
-    """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's artifacts
-    (its files, its checkpoints, its TensorBoard and profiler folders; nothing else)."""
-    check_output(out, resume, overwrite)
+def claim_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Optional[str] = None) -> Iterator[None]:
+    """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's files (those
+    its manifest lists and that still have the recorded size and digest; nothing else)."""
+    check_output(out, resume, overwrite, prefix)
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a+")
@@ -69,7 +74,7 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool) -> Iterator[
         lock.flush()
         # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
         # its files behind — they are another run's now, not ours to overwrite.
-        check_output(out, resume, overwrite)
+        check_output(out, resume, overwrite, prefix)
         if overwrite and not resume:
             remove_run(out)
         yield
@@ -86,16 +91,26 @@ def _lock_owner(lock: IO[str]) -> str:
     return "another process"
 
 
-def remove_run(out: Path) -> None:
-    """The earlier run's artifacts, and only those: a user's own files in the folder (ckpt/ included) stay."""
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    for path in (out / "ckpt").glob("*.pt"):
-        if CHECKPOINT.match(path.name):
-            path.unlink()
+def remove_run(out: Path) -> list[str]:
+    """The earlier run's files, and only those: listed in its manifest with the size and digest it recorded
+    (a run from before manifests: its top-level RUN_FILES). A user's own files stay; emptied run folders go."""
+    listed = read_manifest(out)
+    removed = [rel for rel, entry in listed.items() if still_ours(out, rel, entry)]
+    if not (out / MANIFEST).exists():
+        removed = [name for name in RUN_FILES if (out / name).is_file()]
+    changed = [name for name in RUN_FILES if (out / name).is_file() and name not in removed]
+    if changed:  # the new run would write over a file that is not the old run's any more
+        raise ConfigError(f"{out / changed[0]} was changed since the run wrote it, so --overwrite will not delete it",
+                          "move it away (or choose another --output)")
+    for rel in removed:
+        (out / rel).unlink(missing_ok=True)
     for name in RUN_DIRS:
-        if name != "ckpt":  # the run owns these folders whole; in ckpt/ only its checkpoints
-            shutil.rmtree(out / name, ignore_errors=True)
+        with contextlib.suppress(OSError):  # only when empty: a user's file keeps its folder
+            for sub in sorted((p for p in (out / name).rglob("*") if p.is_dir()), reverse=True):
+                sub.rmdir()
+            (out / name).rmdir()
+    (out / MANIFEST).unlink(missing_ok=True)
+    return removed
 
 
 def write_config(out: Path, text: str) -> None:

@@ -29,6 +29,7 @@ from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
 from torchboost.recipe.data import load_data
 from torchboost.recipe.diff import flatten
+from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import resolve
 from torchboost.recipe.validate import validate
@@ -93,7 +94,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     for note in warnings_for(run_cfg, device, info.world_size):
         log(f"warning: {note}")
 
-    with output_claimed(out, resume, overwrite, info):
+    with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix):
+        before, previous = snapshot(out), read_manifest(out) if resume else {}
         net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
         model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes)}
@@ -109,6 +111,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
         callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
+        if info.is_main:  # last: it records what the others wrote (see recipe.manifest)
+            callbacks.append(ManifestCallback(out, before, previous))
         if info.is_main:
             write_config(out, dump_config(run_cfg))
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
@@ -250,13 +254,14 @@ def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_siz
 
 
 @contextlib.contextmanager
-def output_claimed(out: Path, resume: Optional[str], overwrite: bool, info: dist.DistInfo) -> Iterator[None]:
+def output_claimed(out: Path, resume: Optional[str], overwrite: bool, info: dist.DistInfo,
+                   prefix: Optional[str] = None) -> Iterator[None]:
     """Rank 0 claims the output folder; every rank learns whether it could, so all stop together."""
     with contextlib.ExitStack() as stack:
         problem = None
         if info.is_main:
             try:
-                stack.enter_context(claim_output(out, resume, overwrite))
+                stack.enter_context(claim_output(out, resume, overwrite, prefix))
             except TorchboostError as e:
                 problem = (type(e).__name__, e.what, e.fix)
         problem = dist.broadcast_object(problem)

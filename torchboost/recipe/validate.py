@@ -29,6 +29,8 @@ def validate(cfg: Config) -> None:
         if isinstance(value, str) and not isinstance(checked, str):  # recipes coerce "1e-4"; Python must not
             raise ConfigError(f"{key} must be {type(checked).__name__}, got str {value!r}", "give a number")
         check_rules(checked, f, key)
+        if any(isinstance(v, str) and "\0" in v for v in (checked if isinstance(checked, list) else [checked])):
+            raise ConfigError(f"{key} holds a NUL character", "no path or name can contain one; fix the value")
     _check_data(cfg)
     _check_model(cfg)
     _check_optim(cfg)
