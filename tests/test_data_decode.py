@@ -1,4 +1,4 @@
-"""Image modes: 16-bit, 1-bit and palette images decode to 8-bit L/RGB; channel conversion; folder_channels."""
+"""Image modes: 16-bit, 1-bit and palette images decode to 8-bit L/RGB; channel conversion; sample_folder (channels by majority)."""
 
 import io
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from torchboost.data.folder import ImageFolder, folder_channels
+from torchboost.data.folder import ImageFolder, sample_folder
 from torchboost.data.transforms import decode, eval_transform
 from torchboost.errors import DataError
 
@@ -89,25 +89,27 @@ def test_rgb_folder_read_as_one_channel_and_gray_as_three(tmp_path):
     (lambda p: Image.new("RGBA", (8, 8)).save(p), 3),
     (lambda p: Image.new("P", (8, 8)).save(p), 3),                                   # palette: colour
 ])
-def test_folder_channels_follows_the_first_image(tmp_path, first, channels):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    first(tmp_path / "a" / "0.png")
-    Image.new("RGB" if channels == 1 else "L", (8, 8)).save(tmp_path / "a" / "1.png")  # later files: ignored
-    Image.new("RGB" if channels == 1 else "L", (8, 8)).save(tmp_path / "b" / "0.png")
-    assert folder_channels(tmp_path) == channels
+def test_folder_channels_follow_the_majority_of_a_sample_across_classes(tmp_path, first, channels):
+    """Each mode counts as its channels; one odd file sorting first does not decide for the whole set."""
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(3):
+            first(tmp_path / c / f"{i}.png")
+    Image.new("RGB" if channels == 1 else "L", (8, 8)).save(tmp_path / "a" / "00-odd.png")  # sorts first
+    sample = sample_folder(tmp_path)
+    assert sample.channels == channels and (sample.gray, sample.color) == ((6, 1) if channels == 1 else (1, 6))
 
 
-def test_folder_channels_reads_the_header_only(tmp_path):
+def test_sample_folder_reads_the_header_only(tmp_path):
     (tmp_path / "a").mkdir()
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64), dtype=np.uint8)).save(tmp_path / "a" / "x.jpg")
     data = (tmp_path / "a" / "x.jpg").read_bytes()
     (tmp_path / "a" / "x.jpg").write_bytes(data[: len(data) // 2])  # header intact, pixel data cut
     with pytest.raises(OSError):
         Image.open(tmp_path / "a" / "x.jpg").load()  # a decode would fail
-    assert folder_channels(tmp_path) == 1
+    assert sample_folder(tmp_path).channels == 1
     (tmp_path / "a" / "x.jpg").write_bytes(b"not an image")
     with pytest.raises(DataError, match="corrupt image .*x.jpg"):
-        folder_channels(tmp_path)
+        sample_folder(tmp_path)
     with pytest.raises(DataError, match="does not exist"):
-        folder_channels(tmp_path / "missing")
+        sample_folder(tmp_path / "missing")

@@ -106,7 +106,11 @@ def test_folder_keys_are_inferred_from_the_images_and_the_model(tmp_path):
     assert (run.model.num_classes, run.model.in_chans, run.checkpoint.prefix) == (3, 1, "mnist_cnn")
     assert cfg.model.num_classes is None and cfg.data.channels is None  # the input config is unchanged
     resnet = build_config({"model": {"name": "resnet18"}, "data": {"dataset": "folder", "path": str(root)}})
-    assert load_data(resnet)[0].image_size == 224 and load_data(resnet)[0].augment == "imagenet"
+    small = load_data(resnet)[0]  # 12-px images keep their size: shifts, not ImageNet crops
+    assert (small.image_size, small.augment, small.random_shift) == (12, "shift", 1)
+    big = build_config({"model": {"name": "resnet18"}, "data": {"dataset": "folder", "path": str(root),
+                                                                 "image_size": 224}})
+    assert load_data(big)[0].augment == "imagenet"
 
 
 def test_a_num_classes_that_contradicts_the_data_is_an_error(tmp_path):

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
-from torchboost.data.folder import ImageFolder, drop_missing_collate, folder_channels, loader_skipped, read_image
+from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
 from torchboost.data.synthetic import SyntheticImages
@@ -18,7 +18,7 @@ from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, E
                                         normalize_batch, train_transform)
 
 __all__ = [
-    "build_loader", "read_image", "load_builtin", "export_folder", "ImageFolder", "folder_channels",
+    "build_loader", "read_image", "load_builtin", "export_folder", "ImageFolder", "sample_folder",
     "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
     "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",

@@ -15,6 +15,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,17 @@ def find_classes(root: str | Path) -> list[str]:
 
 
 def class_files(folder: Path) -> list[str]:
-    """Sorted image paths under one class folder (recursively, following links); at least one."""
-    files = sorted(os.path.join(d, f) for d, _, names in os.walk(folder, followlinks=True)
-                   for f in names if f.lower().endswith(IMG_EXTENSIONS))
+    """Sorted image paths under one class folder (recursively, following links, each real folder once: a
+    link back up the tree must not multiply a class); at least one."""
+    files, seen = [], set()
+    for d, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(d)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        files += [os.path.join(d, f) for f in names if f.lower().endswith(IMG_EXTENSIONS)]
+    files.sort()
     if not files:
         raise DataError(f"no images in class folder {folder}",
                         "put .jpg/.jpeg/.png/.bmp/.webp files in it or remove the folder")
@@ -77,16 +86,35 @@ def find_samples(root: str | Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-def folder_channels(root: str | Path) -> int:
-    """1 if the folder's first image (first class, first file, sorted) is grayscale (GRAY_MODES), else 3.
-    Reads that file's header only: one listing of the first class folder and one open, no decode."""
-    path = class_files(Path(root) / find_classes(root)[0])[0]
-    try:
-        with open_image(path) as img:
-            return 1 if img.mode in GRAY_MODES else 3
-    except IMAGE_ERRORS as e:
-        raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
-                        "replace or delete it, or set the number of channels explicitly") from None
+@dataclass(frozen=True)
+class FolderSample:
+    """What a sample of a folder's images looks like (headers only, a few files from every class)."""
+
+    gray: int  # images in one-channel modes (GRAY_MODES)
+    color: int
+    largest_side: int
+
+    @property
+    def channels(self) -> int:
+        """The majority's channels (ties: colour, which keeps the information)."""
+        return 1 if self.gray > self.color else 3
+
+
+def sample_folder(root: str | Path, per_class: int = 4) -> FolderSample:
+    """Read the headers of up to `per_class` images of every class, spread over each class's files (not just
+    the first file, which decides nothing about the rest)."""
+    gray = color = side = 0
+    for name in find_classes(root):
+        files = class_files(Path(root) / name)
+        for path in files[:: max(1, len(files) // per_class)][:per_class]:
+            try:
+                with open_image(path) as img:
+                    gray, color = gray + (img.mode in GRAY_MODES), color + (img.mode not in GRAY_MODES)
+                    side = max(side, *img.size)
+            except IMAGE_ERRORS as e:
+                raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
+                                "replace or delete it, or set data.skip_corrupt=true") from None
+    return FolderSample(gray, color, side)
 
 
 def loader_skipped(loader: Any) -> int:

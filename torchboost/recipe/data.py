@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
-                             TensorImageDataset, eval_transform, folder_channels, train_transform)
+                             TensorImageDataset, eval_transform, train_transform)
+from torchboost.data.folder import sample_folder
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
@@ -21,6 +22,7 @@ from torchboost.recipe.kinds import get_kind
 # Folder and synthetic image size when data.image_size is not set: what each model is designed for.
 DEFAULT_SIZE = {"mnist_cnn": 28}
 FOLDER_SIZE = 224
+SMALL_IMAGE = 64  # folders of images this small train at their native size (a ResNet with its small_input stem)
 DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folders without data.mean
 
 
@@ -81,7 +83,8 @@ def resolve_augment(cfg: DataConfig, model_name: str) -> str:
     the MNIST CNN; otherwise shifts when random_shift > 0, else none. The one rule, for every caller."""
     if cfg.augment != "auto":
         return cfg.augment
-    if get_kind(cfg.dataset).photos and model_name.startswith("resnet"):
+    small = cfg.image_size is not None and cfg.image_size <= SMALL_IMAGE
+    if get_kind(cfg.dataset).photos and model_name.startswith("resnet") and not small:
         return "imagenet"
     return "shift" if cfg.random_shift else "none"
 
@@ -113,22 +116,42 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     return ds
 
 
-def load_data(cfg: Config) -> tuple[DataConfig, Dataset, Dataset]:
+def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConfig, Dataset, Dataset]:
     """(data config with every inferred key filled in, training set, evaluation set) of a run.
 
-    Inferred: a folder's channels (from its first image) and image size (what the model is built for),
-    the augmentation `auto` stands for, and an in-memory set's size, channels and statistics."""
+    Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
+    keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
+    and an in-memory set's size, channels and statistics. The evaluation split must have the training
+    split's classes."""
     d = cfg.data
     kind = get_kind(d.dataset)
     if not kind.in_memory:
-        channels = d.channels or (folder_channels(_split_dir(Path(d.path), "train")) if kind.needs_path else 3)
-        size = d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
+        channels, size = d.channels or 3, d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
+        if kind.needs_path and (d.channels is None or d.image_size is None):
+            sample = sample_folder(_split_dir(Path(d.path), "train"))
+            if d.channels is None:
+                channels = sample.channels
+                if sample.gray and sample.color:
+                    log(f"note: sampled images are mixed ({sample.gray} grayscale, {sample.color} colour): training "
+                        f"as {channels} channel(s), the majority; set data.channels=1 or 3 to choose")
+            if d.image_size is None and sample.largest_side <= SMALL_IMAGE:
+                size = DEFAULT_SIZE.get(cfg.model.name, sample.largest_side)  # native: never blown up to 224
         d = dataclasses.replace(d, channels=channels, image_size=size)
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
+    if d.augment == "auto" and kind.photos and not d.random_shift and d.image_size <= SMALL_IMAGE \
+            and cfg.model.name.startswith("resnet"):
+        d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
     d = dataclasses.replace(d, augment=resolve_augment(d, cfg.model.name))
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
     eval_ds = build_dataset(d, "test", cfg.model.num_classes)
+    if kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):
+        missing = sorted(set(train_ds.classes) - set(eval_ds.classes))
+        extra = sorted(set(eval_ds.classes) - set(train_ds.classes))
+        raise DataError("the evaluation split's classes differ from the training split's (" + "; ".join(
+            part for part in (f"missing: {', '.join(missing[:5])}" if missing else "",
+                              f"extra: {', '.join(extra[:5])}" if extra else "") if part) + ")",
+                        "give the evaluation split one folder per training class (labels are class indices)")
     if isinstance(train_ds, TensorImageDataset) and kind.in_memory:
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],

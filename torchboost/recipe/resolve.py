@@ -11,9 +11,10 @@ import dataclasses
 from torch.utils.data import Dataset
 
 from torchboost.boost import BoostPlan
-from torchboost.errors import ConfigError
+from torchboost.errors import ConfigError, DataError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.data import SMALL_IMAGE
 from torchboost.recipe.kinds import get_kind
 
 
@@ -23,6 +24,9 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     the checkpoint prefix filled in.
     A value the user set that contradicts the data is an error, not silently replaced."""
     classes = len(train_ds.classes)
+    if classes < 2 and get_kind(cfg.data.dataset).own_labels:
+        raise DataError(f"the training data has {classes} class ({', '.join(map(str, train_ds.classes))}): a "
+                        "classifier needs at least 2", "add a folder per class (train/<class>/*.png)")
     m = cfg.model
     if m.num_classes is not None and m.num_classes != classes and get_kind(cfg.data.dataset).own_labels:
         raise ConfigError(f"model.num_classes={m.num_classes} but the training data has {classes} classes",
@@ -30,7 +34,10 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     if m.in_chans is not None and m.in_chans != data.channels:
         raise ConfigError(f"model.in_chans={m.in_chans} but the images have {data.channels} channel(s)",
                           "leave model.in_chans unset (or set data.channels to convert the images)")
-    model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels)
+    # a ResNet's 7x7/2 stem + max-pool would leave 1-2 pixels of a small image: use the 3x3 stride-1 stem
+    small = m.name.startswith("resnet") and (data.image_size or 0) <= SMALL_IMAGE
+    model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
+                                small_input=m.small_input or small)
     train = cfg.train
     if plan is not None and plan.on("grad_accumulation"):
         if train.accumulation_steps not in (1, plan.grad_accumulation_step):

@@ -1,0 +1,81 @@
+"""Everyday training on your own image folder: what the data says is checked, never silently wrong.
+Each test drives the CLI on real PNG files and asserts the outcome (labels, channels, sizes, what was
+written), not only the exit code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import yaml
+from PIL import Image
+
+from torchboost.cli import main
+from torchboost.data.folder import ImageFolder
+
+QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000", "--epochs", "1"]
+
+
+def make_folder(root: Path, classes=("0", "1", "2"), n=6, size=12, mode="L", splits=("train", "val")) -> Path:
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for k, c in enumerate(classes):
+            (root / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                shape = (size, size) if mode == "L" else (size, size, 3)
+                pixels = np.clip(rng.normal(40 + 60 * k, 10, shape), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels, mode).save(root / split / c / f"{i}.png")
+    return root
+
+
+def one_line(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err, (code, err)
+    return err
+
+
+def test_val_split_with_other_class_folders_is_refused_naming_them(tmp_path, capsys):
+    data = make_folder(tmp_path / "d")
+    for f in (data / "val" / "1").iterdir():
+        f.unlink()
+    (data / "val" / "1").rmdir()
+    (data / "val" / "9").mkdir()
+    Image.new("L", (12, 12)).save(data / "val" / "9" / "x.png")
+    err = one_line(capsys, ["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o")])
+    assert "missing: 1" in err and "extra: 9" in err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_channels_come_from_the_majority_not_the_first_file(tmp_path, capsys):
+    data = make_folder(tmp_path / "d", mode="L")
+    Image.new("RGB", (12, 12), (200, 10, 10)).save(data / "train" / "0" / "000-first.png")  # sorts first
+    assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
+    out = capsys.readouterr().out
+    assert "mixed (11 grayscale, 1 colour)" in out  # 4 sampled per class, the odd one among them
+    cfg = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
+    assert cfg["data"]["channels"] == 1 and cfg["model"]["in_chans"] == 1 and cfg["data"]["mean"] == [0.5]
+
+
+def test_one_class_folder_is_one_line_and_writes_nothing(tmp_path, capsys):
+    data = make_folder(tmp_path / "d", classes=("only",))
+    err = one_line(capsys, ["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o")])
+    assert "at least 2" in err and not (tmp_path / "o").exists()
+
+
+def test_a_symlink_loop_does_not_multiply_a_class(tmp_path):
+    data = make_folder(tmp_path / "d")
+    os.symlink(data / "train" / "0", data / "train" / "0" / "loop")  # a link back to its own folder
+    ds = ImageFolder(data / "train", None)
+    counts = np.bincount([label for _, label in ds.samples])
+    assert counts.tolist() == [6, 6, 6]
+
+
+def test_small_images_keep_their_native_size_with_a_resnet(tmp_path, capsys):
+    data = make_folder(tmp_path / "d", size=28)
+    assert main(["train", "--data", str(data), "--set", "model.name=resnet18", *QUIET, "-o", str(tmp_path / "o"),
+                 "--set", "data.batch_size=6"]) == 0
+    cfg = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
+    assert cfg["data"]["image_size"] == 28 and cfg["model"]["small_input"] is True
+    assert (cfg["data"]["augment"], cfg["data"]["random_shift"]) == ("shift", 2)  # not 8%-area crops of 28 px
