@@ -62,11 +62,19 @@ class NameMap:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "NameMap":
-        """`{"tensors": {...}, "modules": {...}}`, or a flat `{our name: reference name}`."""
-        data = json.loads(Path(path).read_text())
-        if "tensors" in data or "modules" in data:
-            return cls(data.get("tensors"), data.get("modules"))
-        return cls(data)
+        """`{"tensors": {...}, "modules": {...}}`, or a flat `{our name: reference name}` (names are strings)."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"name map {path} is not readable JSON ({e})", "pass a JSON file {our name: "
+                              "reference name}") from None
+        nested = isinstance(data, dict) and ("tensors" in data or "modules" in data)
+        parts = [data.get("tensors") or {}, data.get("modules") or {}] if nested else [data]
+        if not all(isinstance(p, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in p.items())
+                   for p in parts):
+            raise ConfigError(f"name map {path} is not a mapping of names to names",
+                              'write {"conv1.weight": "conv1.weight", ...} or {"tensors": {...}, "modules": {...}}')
+        return cls(*parts) if nested else cls(data)
 
     @classmethod
     def mindspore_resnet(cls, arch: str, num_classes: int = 1000) -> "NameMap":
