@@ -79,3 +79,29 @@ def test_small_images_keep_their_native_size_with_a_resnet(tmp_path, capsys):
     cfg = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
     assert cfg["data"]["image_size"] == 28 and cfg["model"]["small_input"] is True
     assert (cfg["data"]["augment"], cfg["data"]["random_shift"]) == ("shift", 2)  # not 8%-area crops of 28 px
+
+
+def test_predict_formats_and_a_newline_in_a_file_name(tmp_path, capsys):
+    data = make_folder(tmp_path / "d")
+    assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
+    (ckpt,) = (tmp_path / "o" / "ckpt").glob("mnist_cnn-best.pt")
+    odd = tmp_path / "a\nb.png"
+    Image.new("L", (12, 12)).save(odd, format="PNG")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(ckpt), str(odd), "--topk", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "'" in lines[0] and "\\n" in lines[0]  # one line, the name quoted
+    assert main(["predict", "--checkpoint", str(ckpt), str(odd), "--topk", "2", "--format", "json"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert rows[0]["file"] == str(odd) and len(rows[0]["top"]) == 2
+    assert abs(sum(t["probability"] for t in rows[0]["top"])) <= 1.0 + 1e-6
+
+
+def test_eval_says_what_it_read_and_refuses_a_path_as_split(tmp_path, capsys):
+    data = make_folder(tmp_path / "d")
+    assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
+    (ckpt,) = (tmp_path / "o" / "ckpt").glob("mnist_cnn-best.pt")
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ckpt), "--split", "val"]) == 0
+    assert f"evaluated {data} (folder), split val: 18 images" in capsys.readouterr().out
+    assert main(["eval", "--checkpoint", str(ckpt), "--split", "../../x"]) == 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import sys
 import traceback
 from typing import Callable, Optional, Sequence
@@ -69,6 +71,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
                               overrides=args.set or [])
+    print(f"evaluated {res.pop('data')}, split {args.split}: {res['samples']} images")
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
     return 0
 
@@ -76,9 +79,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from .recipe.infer import predict_images
 
-    for path, preds in predict_images(args.checkpoint, args.images, args.topk, config=args.config,
-                                      overrides=args.set or []):
-        print(f"{path}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
+    rows = predict_images(args.checkpoint, args.images, args.topk, config=args.config, overrides=args.set or [])
+    if args.format == "json":  # one JSON document: names with any characters stay one value
+        print(json.dumps([{"file": path, "top": [{"class": c, "probability": p} for c, p in preds]}
+                          for path, preds in rows], indent=1))
+    elif args.format == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["file", "rank", "class", "probability"])
+        writer.writerows([path, rank + 1, c, f"{p:.6f}"] for path, preds in rows for rank, (c, p) in enumerate(preds))
+    else:  # text: a file name is printed as a Python string when it holds a newline or other control characters
+        for path, preds in rows:
+            shown = path if path.isprintable() else repr(path)
+            print(f"{shown}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
     return 0
 
 
@@ -138,8 +150,6 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff_config(args: argparse.Namespace) -> int:
-    import json
-
     from .recipe.diff import diff_configs
 
     diff = diff_configs(args.a, args.b, args.set_a or [], args.set_b or [])
@@ -150,8 +160,6 @@ def _cmd_diff_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_debug_layers(args: argparse.Namespace) -> int:
-    import json
-
     from .debug import layer_stats_from_config
 
     report = layer_stats_from_config(args.config, args.set or [], checkpoint=args.checkpoint,
@@ -257,17 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights (.pt/.safetensors) "
                                                        "with --config")
     e.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
-    e.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    e.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     e.add_argument("--data", help="image folder to evaluate on (default: the run's own data)")
-    e.add_argument("--split", default="test", help="split to evaluate (test/val)")
+    e.add_argument("--split", default="test", choices=["train", "val", "test"],
+                   help="split to evaluate (default test; a folder's val/ or test/)")
     e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     e.set_defaults(func=_cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes of image files (or every image in folders)")
-    pr.add_argument("--checkpoint", required=True)
+    pr.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights in any format with --config")
     pr.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
-    pr.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
-    pr.add_argument("--topk", type=positive_int, default=5)
+    pr.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    pr.add_argument("--topk", type=positive_int, default=5, help="classes to show per image (default 5)")
+    pr.add_argument("--format", choices=["text", "json", "csv"], default="text", help="output format")
     pr.add_argument("images", nargs="+", help="image files or folders")
     pr.set_defaults(func=_cmd_predict)
 

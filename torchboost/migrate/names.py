@@ -95,6 +95,13 @@ def rebuild_lines(model: dict) -> list[str]:
     return [f"torch model: create_model({call})", f"recipe keys: {sets}"]
 
 
+def check_arch(arch: str) -> None:
+    """MindSpore zoo names are mapped for the ResNets; other networks convert with their torch names."""
+    if arch not in ARCHS:
+        raise ConfigError(f"no MindSpore name map for {arch!r} (maps exist for {', '.join(ARCHS)})",
+                          "convert with --arch none to write the tensors under their torch names")
+
+
 @functools.lru_cache(maxsize=16)
 def layout(arch: str, num_classes: int = 1000) -> tuple[tuple[str, str | None, tuple[int, ...]], ...]:
     """(torch name, MindSpore name or None, shape) for every state-dict entry of `arch`, in order.
@@ -102,8 +109,7 @@ def layout(arch: str, num_classes: int = 1000) -> tuple[tuple[str, str | None, t
     Derived from the real torchboost model built on the meta device (no memory, no init cost), so the map
     can never drift from the model.
     """
-    if arch not in ARCHS:
-        raise ConfigError(f"no MindSpore name map for {arch!r}", f"use one of {', '.join(ARCHS)}")
+    check_arch(arch)
     with torch.device("meta"):
         model = create_model(arch, num_classes=num_classes)
     bns = {n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)}
@@ -136,8 +142,9 @@ def detect_arch(names: Iterable[str]) -> str:
     for arch, (block, layers) in ARCHS.items():
         if layers == blocks and (block is Bottleneck) == bottleneck:
             return arch
-    raise ConfigError(f"cannot tell which ResNet these weights are (blocks per stage {blocks})",
-                      f"pass the architecture explicitly: one of {', '.join(ARCHS)}")
+    raise ConfigError(f"these weights are not a ResNet the MindSpore name map knows (blocks per stage {blocks})",
+                      f"pass --arch (one of {', '.join(ARCHS)}), or --arch none to keep the torch names "
+                      "(e.g. for mnist_cnn)")
 
 
 def zoo_model(arch: str, num_classes: int) -> dict:
@@ -175,6 +182,7 @@ def mindspore_to_torch(state: dict[str, torch.Tensor], arch: str | None = None, 
     num_batches_tracked entries are filled with 0 so the result loads with strict=True.
     """
     arch = arch or detect_arch(state)
+    check_arch(arch)
     num_classes = num_classes or _classes(state, "end_point.weight", int(drop_background))
     rows = layout(arch, num_classes)
     lookup = {ms: (tn, shape) for tn, ms, shape in rows if ms is not None}
@@ -242,6 +250,7 @@ def torch_to_mindspore(state: dict[str, torch.Tensor], arch: str | None = None, 
     add_background_row): 1000 -> 1001 classes, as the zoo's ImageNet recipes expect.
     """
     arch = arch or detect_arch(state)
+    check_arch(arch)
     num_classes = num_classes or _classes(state, "fc.weight")  # the torch side's, as in mindspore_to_torch
     report = MappingReport(arch=arch, notes=mindspore_notes(arch), model=zoo_model(arch, num_classes))
     if add_background:

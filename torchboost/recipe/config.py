@@ -263,6 +263,8 @@ def parse_override(item: str) -> dict:
         if any(c in raw for c in "*&{}[]"):  # YAML structure that did not parse (or an alias): say so
             raise
         value = raw  # a plain string that YAML reads oddly, e.g. "a: b"
+    if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+        value = raw  # "?" or "a: b" is YAML block-mapping syntax; on a command line it is the text typed
     nested: Any = value
     for k in reversed(key.strip().split(".")):
         nested = {k: nested}

@@ -29,7 +29,9 @@ DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folde
 def _split_dir(root: Path, split: str) -> Path:
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist", "check data.path (or --data DIR)")
-    names = ("train",) if split == "train" else ("val", "test")
+    if split not in ("train", "val", "test"):  # never a path: "../../x" must not fall back to test/
+        raise DataError(f"unknown split {split!r} for an image folder", "use train, val or test")
+    names = ("train",) if split == "train" else (split, "test" if split == "val" else "val")
     for name in names:
         if (root / name).is_dir():
             return root / name

@@ -88,7 +88,8 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
         model.network.load_state_dict(ckpt["ema"]["module"])
     ds = build_dataset(data, split, cfg.model.num_classes)
     check_classes(ds.classes, ckpt.get("classes"), cfg.model.num_classes, path)
-    return model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
+    result = model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
+    return {**result, "data": f"{data.path} ({data.dataset})" if data.path else data.dataset}
 
 
 def check_classes(data_classes: list[str], run_classes: Optional[list[str]], num_classes: int, path: str) -> None:
