@@ -176,6 +176,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .errors import ConfigError, suggest
     from .recipe import load_resolved
     from .recipe.race import builtin_racer, parse_lr_grids, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
@@ -183,6 +184,10 @@ def _cmd_race(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
     cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
     grids = parse_lr_grids(args.lr or [])
+    unused = [name for name in grids if name not in args.optimizers]
+    if unused:
+        raise ConfigError(f"--lr names {unused[0]}, which is not among --optimizers {' '.join(args.optimizers)}",
+                          suggest(unused[0], args.optimizers))
     racers = [builtin_racer(name, cfg, grids.get(name)) for name in args.optimizers]
     targets = tuple(args.targets)
     meta = {"recipe": args.config, "overrides": args.set or [], "targets": targets, "seeds": args.seeds,

@@ -60,8 +60,9 @@ class TimeMonitor(Callback):
         elapsed = state.eval_results["train_time_s"]
         steps = max(state.step_in_epoch, 1)
         images = state.epoch_samples * get_world_size()
+        lr = state.eval_results.get("lr")
         state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {elapsed * 1000 / steps:.3f} ms, "
-                  f"{images / max(elapsed, 1e-9):.1f} images/s")
+                  f"{images / max(elapsed, 1e-9):.1f} images/s" + (f", lr {lr:.6g}" if lr is not None else ""))
 
 
 @dataclass

@@ -193,6 +193,8 @@ class Model:
                 if state.stop_training:
                     break
             state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summarize_epoch(state)}
+            if self.optimizer is not None and self.optimizer.param_groups:  # the lr the epoch's last update used
+                state.eval_results["lr"] = float(self.optimizer.param_groups[0]["lr"])
             if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
                 state.eval_results.update({f"val_{k_}": v for k_, v in self.eval(eval_data).items()})
                 if self.ema is not None:
