@@ -105,3 +105,28 @@ def test_eval_says_what_it_read_and_refuses_a_path_as_split(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "val"]) == 0
     assert f"evaluated {data} (folder), split val: 18 images" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "../../x"]) == 2
+
+
+def test_fine_tuning_onto_other_classes_reinitialises_the_head_and_can_freeze_the_backbone(tmp_path, capsys):
+    """timm's behaviour: everything that fits loads, the classifier head for another class count starts fresh
+    (one line says so); with train.freeze_backbone_epochs=1 the first epoch trains the head only."""
+    import torch
+
+    from torchboost.train.checkpoint import load_checkpoint
+
+    assert main(["train", "-c", "digits-lenet", *QUIET, "-o", str(tmp_path / "src")]) == 0  # 10 classes, 8 px
+    (src,) = (tmp_path / "src" / "ckpt").glob("mnist_cnn-best.pt")
+    data = make_folder(tmp_path / "d", size=8)  # 3 classes
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "-c", "digits-lenet", "--epochs", "2", "-o", str(tmp_path / "ft"),
+                 "--set", "train.progress_bar=false", "--set", f"train.init_weights={src}",
+                 "--set", "train.freeze_backbone_epochs=1", "--set", "data.batch_size=6",
+                 "--set", "data.image_size=8", "--set", "checkpoint.keep_max=5", "--set", "checkpoint.save_every_epochs=1"]) == 0
+    out = capsys.readouterr().out
+    assert "fc.weight, fc.bias re-initialised" in out and "only the head (fc.bias, fc.weight) trains" in out
+    before = load_checkpoint(src)["model"]
+    ckpts = sorted((tmp_path / "ft" / "ckpt").glob("mnist_cnn-*_*.pt"))
+    first, second = (load_checkpoint(p)["model"] for p in ckpts[:2])
+    assert torch.equal(first["conv1.weight"], before["conv1.weight"])  # frozen in epoch 1
+    assert not torch.equal(second["conv1.weight"], before["conv1.weight"])  # trained in epoch 2
+    assert first["fc.weight"].shape[0] == 3

@@ -8,8 +8,8 @@ from typing import Callable, Optional
 from torch.utils.data import DataLoader
 
 from torchboost.recipe.config import Config
-from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint,
-                                        ProgressBar, TensorBoard, TimeMonitor)
+from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeBackbone, History, LossMonitor,
+                                        ModelCheckpoint, ProgressBar, TensorBoard, TimeMonitor)
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
 
@@ -28,6 +28,8 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
     if t.early_stopping_patience or t.restore_best:  # restore_best alone: patience None watches, never stops
         callbacks.append(EarlyStopping(monitor=t.monitor, patience=t.early_stopping_patience,
                                        restore_best=t.restore_best))
+    if t.freeze_backbone_epochs:
+        callbacks.insert(0, FreezeBackbone(t.freeze_backbone_epochs))
     callbacks += [ckpt_cb, History(out)]
     if profile is not None:
         callbacks.append(ProfilerCallback(profile or out / "profile"))

@@ -139,6 +139,8 @@ class TrainConfig:
     max_nonfinite_steps: int = opt(10, ge=1)
     # Start from these weights only (fine-tuning, or a DimReduce second stage); --resume restores everything.
     init_weights: Optional[str] = opt(None)
+    # Fine-tuning: train only the classifier head for this many epochs first (then the whole network).
+    freeze_backbone_epochs: int = opt(0, ge=0, le=1_000_000)
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
 
 

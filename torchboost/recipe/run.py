@@ -34,7 +34,7 @@ from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import resolve
 from torchboost.recipe.validate import validate
 from torchboost.seed import seed_everything
-from torchboost.train.checkpoint import load_checkpoint, load_model_state
+from torchboost.train.checkpoint import load_backbone, load_checkpoint
 from torchboost.train.device import cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
 
@@ -174,9 +174,14 @@ def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, ste
     """The model on its device, with init_weights loaded and boost's structural changes and hooks."""
     net = build_model(cfg).to(device)
     if cfg.train.init_weights:
-        # any registered weight format; MindSpore/Paddle names are mapped to the network's
-        state = read_torch_named(cfg.train.init_weights, cfg.model.name, cfg.model.num_classes)
-        load_model_state(net, state, source=cfg.train.init_weights)
+        # any registered weight format; MindSpore/Paddle names are mapped to the network's (names only: a
+        # head for another class count is left to load_backbone)
+        state = read_torch_named(cfg.train.init_weights, cfg.model.name, None)
+        fresh = load_backbone(net, state, source=cfg.train.init_weights)
+        if fresh:
+            shapes = "x".join(map(str, state[fresh[0]].shape))
+            log(f"init_weights: loaded {len(state) - len(fresh)} tensors of {cfg.train.init_weights}; "
+                f"{', '.join(fresh)} re-initialised ({shapes} in the file, {cfg.model.num_classes} classes here)")
     if plan is None:
         return net, []
     net, hooks = build_boost(plan, net, total_steps=steps_per_epoch * cfg.train.epochs,

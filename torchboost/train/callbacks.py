@@ -9,14 +9,14 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 import torch
 
 from torchboost.dist import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.fileio import remove_stale_temps
-from torchboost.train.checkpoint import atomic_save, checkpoint_name, is_checkpoint_name
+from torchboost.train.checkpoint import atomic_save, checkpoint_name, classifier_head, is_checkpoint_name
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
 from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
 from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
@@ -154,6 +154,39 @@ class ModelCheckpoint(Callback):
         self.written = [self.directory / n for n in dict.fromkeys(names) if (self.directory / n).is_file()]
         if self.best is not None and "best" in state:
             self.best.load_state_dict(state["best"])
+
+
+def _start_momentum(optimizer: Any) -> None:
+    """Give parameters that join after a freeze the zero momentum buffer the others started from: torch's
+    foreach/fused SGD refuses a step where only some parameters have one (zero + the first gradient is
+    exactly SGD's own first step with dampening 0)."""
+    state = getattr(optimizer, "state", {})
+    if not any("momentum_buffer" in s for s in state.values()):
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if "momentum_buffer" not in state.get(p, {}):
+                state[p]["momentum_buffer"] = torch.zeros_like(p)
+
+
+class FreezeBackbone(Callback):
+    """Fine-tuning: train only the classifier head (`classifier_head`, or the names given) for the first
+    `epochs` epochs, then everything. Frozen parameters get no gradient, so their backward work is skipped."""
+
+    def __init__(self, epochs: int, head: Optional[list[str]] = None) -> None:
+        self.epochs, self.head = epochs, head
+
+    def on_train_epoch_begin(self, state: TrainState) -> None:
+        net = getattr(state.model.network, "module", state.model.network)  # under DDP: the wrapped network
+        head = set(self.head if self.head is not None else classifier_head(net))
+        frozen = state.epoch < self.epochs
+        for name, p in net.named_parameters():
+            if name not in head:
+                p.requires_grad_(not frozen)
+        if not frozen:
+            _start_momentum(state.model.optimizer)
+        if state.epoch == 0 and frozen or state.epoch == self.epochs and self.epochs:
+            state.log(f"fine-tuning: {'only the head (' + ', '.join(sorted(head)) + ') trains' if frozen else 'the whole network trains from now on'}")
 
 
 class EarlyStopping(Callback):

@@ -129,6 +129,26 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def classifier_head(model: nn.Module) -> list[str]:
+    """Parameter names of the model's last Linear layer: the part fine-tuning replaces for new classes."""
+    last = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not last:
+        return []
+    prefix = f"{last[-1]}." if last[-1] else ""
+    return [f"{prefix}{n}" for n, _ in dict(model.named_modules())[last[-1]].named_parameters()]
+
+
+def load_backbone(model: nn.Module, state: dict, source: str = "checkpoint") -> list[str]:
+    """Fine-tuning: load every tensor of `state`, except a classifier head whose shape differs (another class
+    count), which keeps its fresh initialisation. Returns the head tensors left out; any other mismatch is an
+    error as in `load_model_state`."""
+    own = model.state_dict()
+    head = [n for n in classifier_head(model) if n in state and state[n].shape != own[n].shape]
+    kept = {n: t for n, t in state.items() if n not in head}
+    load_model_state(model, {**kept, **{n: own[n] for n in head}}, source)
+    return head
+
+
 def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") -> None:
     """Strict load that names the first mismatching tensor instead of torch's wall of text."""
     own = model.state_dict()
