@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from torchboost.cli import build_parser, main
@@ -115,6 +115,7 @@ def test_any_value_for_any_config_key(key, value):
     text = text.removesuffix("\n...").removesuffix("...").strip()
     argv = ["train", "--print-config", "--set", f"{key}={text}"]
     code, out, err = run(argv)
+    event(f"config value: {'refused, one line' if code == 2 else 'accepted' if code == 0 else code}")
     if code == 2:
         return assert_refused_in_one_line(code, err, argv)
     assert code == 0, (argv, code, err[-500:])
@@ -184,6 +185,7 @@ def test_any_value_for_any_flag_of_any_subcommand(flag, value, data, inputs, tmp
     action = next(a for a in _flags(_subcommands()[name]) if option in a.option_strings)
     argv += [option] if action.nargs == 0 else [option, value]
     code, _, err = run(argv)
+    event(f"flag value: {'refused, one line' if code == 2 else 'accepted' if code in (0, 'started') else code}")
     if code in (0, "started"):
         return
     assert code == 2 and "Traceback" not in err, (argv, code, err[-800:])

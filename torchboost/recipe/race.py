@@ -48,13 +48,14 @@ class Racer:
 
 def racer_config(cfg: Config, name: str) -> Config:
     """The recipe's config with optimizer `name`: the recipe's own optim values when it names the same
-    optimizer, else that optimizer's defaults for momentum/Nesterov (the weight decay and `optim.thor` carry)."""
+    optimizer, else that optimizer's defaults for momentum, Nesterov and which parameters decay (the weight
+    decay, its per-layer groups where supported, and `optim.thor` carry)."""
     o = cfg.optim
     if name != o.name:
         entry = get_optimizer(name)
         o = dataclasses.replace(o, name=name, momentum=None, nesterov=None,
                                 weight_decay_groups=o.weight_decay_groups if entry.weight_decay_groups else {},
-                                decay_bn_and_bias=o.decay_bn_and_bias and entry.decay_bn_and_bias)
+                                decay_bn_and_bias=False)
     return dataclasses.replace(cfg, optim=o)
 
 
