@@ -167,3 +167,17 @@ def test_overwrite_deletes_only_what_a_run_wrote(tmp_path, capsys):
     assert main(["train", *FAST, "--epochs", "1", "-o", str(out), "--overwrite"]) == 0
     assert {rel: (out / rel).read_bytes() for rel in user} == user
     assert len(list((out / "ckpt").glob("mnist_cnn-*_*.pt"))) == 1
+
+
+@pytest.mark.slow
+def test_ownership_soak_changes_no_file_that_is_not_a_runs(tmp_path):
+    """benchmarks/soak_ownership.py, short: new runs, overwrites, resumes (from the folder, from a poisoned
+    checkpoint, into another folder) across three run folders holding user files: 0 user files changed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak_ownership", Path(__file__).parents[1] / "benchmarks" /
+                                                  "soak_ownership.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    result = soak.soak(tmp_path, rounds=14, seed=1)
+    assert result["changed"] == [] and len(result["operations"]) >= 4, result
