@@ -25,7 +25,8 @@ from .data.folder import MAX_SIDE
 from .data.synthetic import MEMORY_SHARE, physical_memory
 from .errors import ConfigError, DataError
 from .fileio import atomic_write
-from .models import create_model, list_models
+from .models import create_model, list_models, training_bytes
+from .optim.registry import DEFAULT_OPTIMIZER, OptimizerArgs, build_optimizer
 from .train.device import resolve_device
 from .train.model import Model
 
@@ -124,12 +125,17 @@ def sync(device: torch.device) -> None:
 
 def build_model(opts: BenchOptions, device: torch.device,
                 optimizer: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None) -> Model:
-    """torchboost's Model with the options' fast paths; `optimizer(net)` defaults to momentum SGD with
-    foreach updates (as recipe/build.py makes it)."""
+    """torchboost's Model with the options' fast paths; `optimizer(net)` defaults to the registry's SGD (the
+    fused momentum SGD `torchboost train` builds)."""
     channels = _channels(opts.model)
     kw = {"image_size": opts.image_size} if opts.model == "mnist_cnn" else {}
+    need = training_bytes(opts.model, opts.num_classes, channels, **kw)
+    if need > MEMORY_SHARE * physical_memory():
+        raise ConfigError(f"{opts.model} at {opts.image_size} px with {opts.num_classes} classes needs "
+                          f"{need / 2**30:.1f} GiB to train, over {MEMORY_SHARE:.0%} of this machine's memory",
+                          "lower --image-size (or use a ResNet, whose size does not grow with the image)")
     net = create_model(opts.model, num_classes=opts.num_classes, in_chans=channels, **kw).to(device)
-    opt = optimizer(net) if optimizer else torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, foreach=True)
+    opt = optimizer(net) if optimizer else build_optimizer(DEFAULT_OPTIMIZER, net, OptimizerArgs(lr=1e-3))
     dtype = PRECISIONS[opts.precision]
     amp = "O0" if dtype is None else "O2" if dtype == torch.float16 else "O1"  # O2 adds loss scaling for fp16
     return Model(net, nn.CrossEntropyLoss(), opt, amp_level=amp, device=device, amp_dtype=dtype,

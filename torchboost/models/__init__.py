@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.models.lenet import MnistCNN
 from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resnet
 
-__all__ = ["create_model", "list_models", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN"]
+__all__ = ["create_model", "list_models", "training_bytes", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN"]
 
 
 def list_models() -> list[str]:
@@ -34,3 +35,12 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
     if name == "mnist_cnn":
         return MnistCNN(num_classes, in_chans, **kw)
     return resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
+
+
+def training_bytes(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) -> int:
+    """Bytes the model's training state takes (weights, gradients, two optimizer states), from a shape-only
+    build on the meta device: no memory, no init cost. The MNIST CNN's classifier grows with the image size
+    (2048 px would need a 20 GB Linear), so a size is checked with this before the model is built."""
+    with torch.device("meta"):
+        probe = create_model(name, num_classes=num_classes, in_chans=in_chans, **kw)
+    return 4 * sum(p.numel() * p.element_size() for p in probe.parameters())

@@ -13,7 +13,7 @@ from torch import nn
 from torchboost.data.synthetic import MEMORY_SHARE, physical_memory
 from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
-from torchboost.models import create_model
+from torchboost.models import create_model, training_bytes
 from torchboost.optim import build_lr_schedule, get_thor_lr
 from torchboost.optim.registry import OptimizerArgs, get_optimizer
 from torchboost.optim.registry import build_optimizer as registry_build
@@ -31,9 +31,7 @@ def build_model(cfg: Config) -> nn.Module:
         kw.update(zero_init_last_bn=m.zero_init_last_bn, small_input=m.small_input, padding=m.padding)
     elif m.name == "mnist_cnn":
         kw["image_size"] = cfg.data.image_size
-    with torch.device("meta"):  # shapes only: no memory, no init cost
-        probe = create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
-    need = 4 * sum(p.numel() * p.element_size() for p in probe.parameters())  # weights, grads, 2 optim states
+    need = training_bytes(m.name, m.num_classes, m.in_chans, **kw)
     if need > MEMORY_SHARE * physical_memory():
         raise ConfigError(f"{m.name} at data.image_size={cfg.data.image_size} with {m.num_classes} classes needs "
                           f"{need / 2**30:.1f} GiB to train, over {MEMORY_SHARE:.0%} of this machine's memory",
