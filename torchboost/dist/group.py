@@ -70,6 +70,17 @@ def _env_int(name: str, default: int | None = None) -> int:
     return int(value)
 
 
+def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The rendezvous store, its keys prefixed by torchrun's restart count. A restarted worker group reuses
+    the agent's store, where the first group's keys (each rank's address) still sit: without the prefix the
+    new ranks read the dead ones' addresses and gloo's connect fails (measured: `torchrun --max-restarts=1`,
+    one worker SIGKILLed, the restarted group never formed)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)  # the agent hosts it; ranks are clients
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT"), world,
+                          is_master=rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.PrefixStore(f"torchboost/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_distributed(backend: str | None = None, timeout_s: float = 300) -> DistInfo:
     """Join the job described by the torchrun environment, or run as one process outside torchrun.
 
@@ -96,7 +107,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 300) -> Dist
     if cuda:
         torch.cuda.set_device(device)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world,
+        dist.init_process_group(backend, rank=rank, world_size=world, store=_attempt_store(rank, world, timeout_s),
                                 timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if backend == "nccl" else None)
     except Exception as e:  # rendezvous failures come as several torch exception types
