@@ -31,7 +31,7 @@ def _split_dir(root: Path, split: str) -> Path:
         raise DataError(f"data folder {root} does not exist", "check data.path (or --data DIR)")
     if split not in ("train", "val", "test"):  # never a path: "../../x" must not fall back to test/
         raise DataError(f"unknown split {split!r} for an image folder", "use train, val or test")
-    names = ("train",) if split == "train" else (split, "test" if split == "val" else "val")
+    names = ("train",) if split == "train" else ("val", "test")  # the evaluation split: val/, else test/
     for name in names:
         if (root / name).is_dir():
             return root / name

@@ -16,6 +16,7 @@ from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.data import SMALL_IMAGE
 from torchboost.recipe.kinds import get_kind
+from torchboost.train.metrics import resolve_metric
 
 
 def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
@@ -39,6 +40,8 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
                                 small_input=m.small_input or small)
     train = cfg.train
+    if model.num_classes <= 5 and train.monitor != "val_top_5_accuracy":  # top-5 of <= 5 classes is always 100%
+        train = dataclasses.replace(train, metrics=[m for m in train.metrics if resolve_metric(m) != "top_5_accuracy"])
     if plan is not None and plan.on("grad_accumulation"):
         if train.accumulation_steps not in (1, plan.grad_accumulation_step):
             raise ConfigError(f"train.accumulation_steps={train.accumulation_steps} and boost "
