@@ -101,6 +101,10 @@ def test_resume_continues_in_its_own_folder_found_by_folder_last_or_auto(tmp_pat
     ckpt = a / "ckpt/mnist_cnn-1_44.pt"
     err = one_line(capsys, main(["train", "--epochs", "2", "--resume", str(ckpt), "-o", str(tmp_path / "b")]))
     assert "continues in its own folder" in err and not (tmp_path / "b").exists()
+    err = one_line(capsys, main(["train", "--epochs", "2", "--resume", str(a), "--overwrite"]))
+    assert "--overwrite replaces one" in err  # not silently ignored
+    err = one_line(capsys, main(["train", "--epochs", "2", "--resume", str(a), "--set", "train.seed=3"]))
+    assert "train.seed=0" in err and "--force" in err  # the run's own seed; a change is refused
     capsys.readouterr()
     assert main(["train", "--epochs", "2", "--resume", str(a), *QUIET]) == 0  # the folder: its newest checkpoint
     assert "resume: train.epochs 1 -> 2" in capsys.readouterr().out
