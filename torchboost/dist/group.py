@@ -22,6 +22,7 @@ import gc
 import hashlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,7 +252,8 @@ def open_worklog(log_dir: str | Path, rank: int) -> logging.FileHandler:
     path = Path(log_dir)
     path.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path / f"worklog.{rank}", encoding="utf-8")
-    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"))
+    node = f"{socket.gethostname()} node{os.environ.get('GROUP_RANK', '0')}"  # torchrun's node index
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {node} rank{rank} %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("torchboost")
     logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
