@@ -93,11 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `torchboost bench` options (names match BenchOptions)."""
     d = BenchOptions()
     parser.add_argument("--model", default=d.model, help=f"one of {', '.join(list_models())}")
-    parser.add_argument("--image-size", type=int, default=d.image_size)
-    parser.add_argument("--batch-size", "-b", type=int, default=d.batch_size)
+    parser.add_argument("--image-size", type=int, default=d.image_size, help="image side in pixels")
+    parser.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="images per step")
     parser.add_argument("--precision", choices=list(PRECISIONS), default=d.precision,
                         help="fp32; bf16 autocast; fp16 autocast with dynamic loss scaling")
-    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last)
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=d.channels_last,
+                        help="NHWC memory format (faster convolutions on many CPUs and GPUs)")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile,
                         help="torch.compile the model")
     parser.add_argument("--steps", type=int, default=d.steps, help="timed steps/batches (the median step is reported)")
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="image folder (root/<class>/*.jpg or root/train/<class>/*.jpg)")
     parser.add_argument("--workers", type=_int_list, default=d.workers, help="DataLoader worker counts, e.g. 0,2,4")
     parser.add_argument("--mode", choices=MODES, help="train (synthetic), data, both (default: both with --data)")
-    parser.add_argument("--num-classes", type=int, default=d.num_classes)
+    parser.add_argument("--num-classes", type=int, default=d.num_classes, help="classes of the classifier")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     parser.add_argument("--json", help="also write the result as JSON to this file")
 

@@ -99,6 +99,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
+    import itertools
+
     from .recipe.config import list_recipes, resolve_recipe
 
     if args.action == "show":
@@ -106,8 +108,13 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
             raise TorchboostError("`torchboost recipes show` needs a recipe name", "run `torchboost recipes` to list them")
         print(resolve_recipe(args.name).read_text(), end="")
     else:
-        for name in list_recipes():
-            print(name)
+        for name in list_recipes():  # each recipe's opening comment says what it trains: its first sentence
+            lines = resolve_recipe(name).read_text().splitlines()
+            text = " ".join(l.lstrip("# ").strip() for l in itertools.takewhile(lambda l: l.startswith("#"), lines))
+            first = text.split(". ")[0].split(": ")[0].rstrip(".")
+            if first.count("(") > first.count(")"):  # cut where a parenthesis opens but does not close
+                first = first[:first.rfind("(")].rstrip(" ,")
+            print(f"{name:<24} {first[:100]}".rstrip())
     return 0
 
 
@@ -291,22 +298,23 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_cmd_predict)
 
     r = sub.add_parser("recipes", help="list shipped recipes or show one")
-    r.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    r.add_argument("name", nargs="?")
+    r.add_argument("action", nargs="?", choices=["list", "show"], default="list",
+                   help="list the recipes with what each trains (default), or show one's YAML")
+    r.add_argument("name", nargs="?", help="the recipe to show")
     r.set_defaults(func=_cmd_recipes)
 
     x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder")
     x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
-    x.add_argument("--out", required=True)
+    x.add_argument("--out", required=True, help="folder to write OUT/train/<class>/*.png and OUT/test/")
     x.set_defaults(func=_cmd_export_folder)
 
     c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
                        ".pt/.pth and .safetensors; prints the create_model call of the matching torch network")
-    c.add_argument("input")
-    c.add_argument("output")
+    c.add_argument("input", help="weights to read (.ckpt, .pdparams, .pt/.pth, .safetensors)")
+    c.add_argument("output", help="file to write; its extension picks the format")
     c.add_argument("--arch", help="resnet18/34/50/101/152, or mnist_cnn for the PaddlePaddle tutorial CNN "
                    "(default: detected from the names; none: keep names)")
-    c.add_argument("--num-classes", type=int)
+    c.add_argument("--num-classes", type=positive_int, help="classes of the classifier (default: from the weights)")
     c.add_argument("--drop-background", action="store_true", help="1001 -> 1000 classes (drop MindSpore's class 0)")
     c.add_argument("--add-background", action="store_true",
                    help="1000 -> 1001 classes when writing a .ckpt (add MindSpore's never-predicted class 0)")
@@ -316,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("align", help="run one step on two implementations and report the first divergence")
     a.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="our side: recipe name or YAML path")
-    a.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    a.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     ref = a.add_mutually_exclusive_group(required=True)
     ref.add_argument("--reference", metavar="MODULE:CALLABLE", help="a torch model factory, e.g. pkg.mod:make")
     ref.add_argument("--reference-config", metavar="RECIPE", help="another torchboost recipe")
@@ -329,26 +337,27 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--batch", choices=["random", "data"], default="random", help="seeded noise or real images")
     a.add_argument("--report", metavar="OUT.json", help="write the JSON report")
     a.add_argument("--rows", type=int, default=40, help="table rows to print")
-    a.add_argument("--failures-only", action="store_true")
+    a.add_argument("--failures-only", action="store_true", help="print only the rows that fail the tolerance")
     a.set_defaults(func=_cmd_align)
 
     d = sub.add_parser("diff-config", help="compare two recipes/configs/checkpoints side by side")
-    d.add_argument("a")
-    d.add_argument("b")
-    d.add_argument("--set-a", action="append", metavar="KEY=VALUE")
-    d.add_argument("--set-b", action="append", metavar="KEY=VALUE")
+    d.add_argument("a", help="a recipe, a YAML file, a run folder or a training checkpoint")
+    d.add_argument("b", help="the other one")
+    d.add_argument("--set-a", action="append", metavar="KEY=VALUE", help="override a key of A (repeatable)")
+    d.add_argument("--set-b", action="append", metavar="KEY=VALUE", help="override a key of B (repeatable)")
     d.add_argument("--all", action="store_true", help="show equal keys too")
-    d.add_argument("--json", metavar="OUT.json")
+    d.add_argument("--json", metavar="OUT.json", help="also write the comparison as JSON")
     d.set_defaults(func=_cmd_diff_config)
 
     g = sub.add_parser("debug-layers", help="per-layer output/gradient statistics for one batch")
-    g.add_argument("--config", "-c", default=DEFAULT_RECIPE)
-    g.add_argument("--set", "-s", action="append", metavar="KEY=VALUE")
+    g.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="recipe name or YAML path")
+    g.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     g.add_argument("--checkpoint", help="weights to inspect (default: fresh initialisation)")
     g.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=16, help="images in the batch")
-    g.add_argument("--batch", choices=["random", "data"], default="data")
+    g.add_argument("--batch", choices=["random", "data"], default="data",
+                   help="a batch of the evaluation data (default) or random inputs")
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
-    g.add_argument("--json", metavar="OUT.json")
+    g.add_argument("--json", metavar="OUT.json", help="also write the statistics as JSON")
     g.set_defaults(func=_cmd_debug_layers)
 
     rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy")
