@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import traceback
 from typing import Callable, Optional, Sequence
@@ -415,6 +416,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             traceback.print_exc()
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `torchboost ... | head`: the reader left; say nothing, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as e:  # a file system refusal nothing above turned into a one-line error yet
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e} — check the path and its permissions", file=sys.stderr)
