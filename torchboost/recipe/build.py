@@ -28,7 +28,7 @@ def build_model(cfg: Config) -> nn.Module:
     m = cfg.model
     kw: dict = {} if m.init is None else {"init": m.init}
     if m.name.startswith("resnet"):
-        kw.update(zero_init_last_bn=m.zero_init_last_bn, small_input=m.small_input, padding=m.padding)
+        kw.update(zero_init_last_bn=m.zero_init_last_bn, small_input=bool(m.small_input), padding=m.padding)
     elif m.name == "mnist_cnn":
         kw["image_size"] = cfg.data.image_size
     need = training_bytes(m.name, m.num_classes, m.in_chans, **kw)

@@ -37,7 +37,8 @@ class ModelConfig:
     zero_init_last_bn: bool = opt(False)
     init: Optional[str] = opt(None, choices=("torchvision", "mindspore", "torch", "paddle"))  # None: the model's
     padding: str = opt("torch", choices=("torch", "same"))  # same: MindSpore's pad_mode='same' (ResNets)
-    small_input: bool = opt(False)
+    # ResNets: the 3x3 stride-1 stem without max-pool, for 8-64 px images; None: on for images <= 64 px
+    small_input: Optional[bool] = opt(None)
     channels_last: bool = opt(False)
     compile: bool = opt(False)  # torch.compile: faster inference, slower CPU training here (see BENCHMARKS.md)
 

@@ -141,7 +141,7 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
         d = dataclasses.replace(d, channels=channels, image_size=size)
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
-    if d.augment == "auto" and kind.photos and not d.random_shift and d.image_size <= SMALL_IMAGE \
+    if d.augment == "auto" and kind.photos and kind.shift and not d.random_shift and d.image_size <= SMALL_IMAGE \
             and cfg.model.name.startswith("resnet"):
         d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
     d = dataclasses.replace(d, augment=resolve_augment(d, cfg.model.name))

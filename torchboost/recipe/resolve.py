@@ -38,7 +38,7 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     # a ResNet's 7x7/2 stem + max-pool would leave 1-2 pixels of a small image: use the 3x3 stride-1 stem
     small = m.name.startswith("resnet") and (data.image_size or 0) <= SMALL_IMAGE
     model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
-                                small_input=m.small_input or small)
+                                small_input=small if m.small_input is None else m.small_input)
     train = cfg.train
     if model.num_classes <= 5 and train.monitor != "val_top_5_accuracy":  # top-5 of <= 5 classes is always 100%
         train = dataclasses.replace(train, metrics=[m for m in train.metrics if resolve_metric(m) != "top_5_accuracy"])
