@@ -102,6 +102,8 @@ def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], outp
         settings = [f"{k}={json.dumps(v)}" for k, v in differ.items()]  # e.g. more epochs: applied and printed
         return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log))
     path = Path(spec)
+    if path.is_dir() and path.name == "ckpt" and not (path / "ckpt").is_dir():
+        path = path.parent  # RUN/ckpt given for RUN
     if path.is_dir():
         found = newest_checkpoint(path)
         if found is None:
