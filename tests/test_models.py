@@ -252,7 +252,8 @@ def test_mnist_cnn():
 
 
 def test_errors_and_listing():
-    assert list_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "mnist_cnn"]
+    assert list_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+                             "resnet20", "resnet32", "resnet44", "resnet56", "mnist_cnn"]
     with pytest.raises(ConfigError, match="resnet50"):
         create_model("resnet51")
     with pytest.raises(ConfigError, match="image_size"):

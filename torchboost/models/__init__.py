@@ -1,4 +1,5 @@
-"""Model zoo: ResNet v1.5 family (torchvision layout) and the PaddlePaddle MNIST CNN."""
+"""Model zoo: ResNet v1.5 family (torchvision layout), CIFAR-style ResNet-20/32/44/56 and the PaddlePaddle
+MNIST CNN."""
 
 from __future__ import annotations
 
@@ -6,23 +7,26 @@ import torch
 from torch import nn
 
 from torchboost.errors import ConfigError
+from torchboost.models.cifar_resnet import CIFAR_ARCHS, CifarResNet, cifar_resnet
 from torchboost.models.lenet import MnistCNN
 from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resnet
 
-__all__ = ["create_model", "list_models", "training_bytes", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN"]
+__all__ = ["create_model", "list_models", "training_bytes", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
+           "CifarResNet"]
 
 
 def list_models() -> list[str]:
     """Names accepted by `create_model`."""
-    return [*ARCHS, "mnist_cnn"]
+    return [*ARCHS, *CIFAR_ARCHS, "mnist_cnn"]
 
 
 def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) -> nn.Module:
     """Build a model by name. ResNets take zero_init_last_bn, init, small_input and padding ("torch" or
-    MindSpore's "same"); mnist_cnn takes image_size and init. An unknown name or keyword raises ConfigError."""
+    MindSpore's "same"); resnet20/32/44/56 (CIFAR-style) take the same keys but only the defaults of init and
+    padding; mnist_cnn takes image_size and init. An unknown name or keyword raises ConfigError."""
     if num_classes < 1 or in_chans < 1:
         raise ConfigError(f"num_classes={num_classes} and in_chans={in_chans} must be >= 1", "fix the model config")
-    if name in ARCHS:
+    if name in ARCHS or name in CIFAR_ARCHS:
         allowed = {"zero_init_last_bn", "init", "small_input", "padding"}
     elif name == "mnist_cnn":
         allowed = {"image_size", "init"}
@@ -34,6 +38,8 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
                           f"valid options: {', '.join(sorted(allowed))}")
     if name == "mnist_cnn":
         return MnistCNN(num_classes, in_chans, **kw)
+    if name in CIFAR_ARCHS:
+        return cifar_resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
     return resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
 
 
