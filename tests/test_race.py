@@ -6,7 +6,7 @@ import math
 
 from torchboost.cli import main
 from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import load_lanes, ratio_to_best_other, summarize
+from torchboost.recipe.race_report import load_lanes, median_curve, ratio_to_best_other, plot, summarize
 
 
 def test_race_cli_end_to_end(tmp_path, capsys):
@@ -55,3 +55,13 @@ def test_summary_medians_best_lr_and_ratios():
     rows = {"sgd": {"median_seconds": 4.0}, "thor": {"median_seconds": 1.0}, "thor_muon": {"median_seconds": 2.0}}
     assert ratio_to_best_other(rows, "thor_muon") == 0.5  # a THOR variant is not THOR's rival
     assert s["seconds_per_epoch"] == {"a": 1.0, "b": 4.0}
+
+
+def test_plot_curve_is_the_median_over_seeds_with_its_spread(tmp_path):
+    # three seeds, one stopped after an epoch: epoch 2 has only two seeds (median of two = their mean)
+    lanes = [lane("a", 0.1, 0, [0.5, 0.9], [1, 4]), lane("a", 0.1, 1, [0.7, 0.6], [3, 6]),
+             lane("a", 0.1, 2, [0.6], [2]), lane("a", 0.2, 0, [0.1, 0.1], [1, 2])]
+    xs, ys, lo, hi = median_curve(lanes, "a", 0.1)
+    assert xs == [2, 5] and ys == [0.6, 0.75] and lo == [0.5, 0.6] and hi == [0.7, 0.9]
+    png = plot(lanes, summarize(lanes, (0.55, 0.8)), tmp_path / "race.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -142,9 +142,19 @@ def load_lanes(path: Path) -> list[Lane]:
                  stopped=r["stopped"]) for r in runs]
 
 
+def median_curve(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[float], ...]:
+    """(seconds, accuracy, lowest, highest) per epoch of `name` at `lr`: medians over the seeds that ran that
+    epoch of cumulative seconds and of validation top-1, and the accuracy's spread over those seeds."""
+    hist = [l.history for l in lanes if l.racer == name and l.lr == lr]
+    cols = [[h[i] for h in hist if len(h) > i] for i in range(max(len(h) for h in hist))]
+    accs = [[r["val_top_1_accuracy"] for r in c] for c in cols]
+    return ([statistics.median(r["seconds"] for r in c) for c in cols], [statistics.median(a) for a in accs],
+            [min(a) for a in accs], [max(a) for a in accs])
+
+
 def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
-    """Validation top-1 vs training seconds, one line per optimizer at its best lr for the first target:
-    at each epoch the median over seeds of accuracy and of cumulative seconds."""
+    """Validation top-1 vs training seconds, one line per optimizer at its best lr for the first target (the
+    median over seeds, their spread shaded), each target a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,14 +163,15 @@ def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     first_target, rows = next(iter(summary["targets"].items()))
     for name, row in rows.items():
-        hist = [l.history for l in lanes if l.racer == name and l.lr == row["lr"]]
-        n = max(len(h) for h in hist)
-        xs = [statistics.median(h[i]["seconds"] for h in hist if len(h) > i) for i in range(n)]
-        ys = [statistics.median(h[i]["val_top_1_accuracy"] for h in hist if len(h) > i) for i in range(n)]
-        ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
+        xs, ys, lo, hi = median_curve(lanes, name, row["lr"])
+        line, = ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
     for t in summary["targets"]:
         ax.axhline(float(t), color="grey", lw=0.6, ls="--")
-    ax.set(xlabel="training seconds", ylabel="validation top-1", title="race: accuracy vs training time")
+        ax.annotate(f"target {float(t):.1%}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
+                    color="grey", va="bottom")
+    ax.set(xlabel="training seconds", ylabel="validation top-1",
+           title="race: accuracy vs training time (median over seeds, min-max shaded)")
     low = min(float(t) for t in summary["targets"]) - 0.03
     ax.set_ylim(max(0.0, low), 1.0)
     ax.legend()
