@@ -131,3 +131,8 @@ def test_fine_tuning_onto_other_classes_reinitialises_the_head_and_can_freeze_th
     assert torch.equal(first["conv1.weight"], before["conv1.weight"])  # frozen in epoch 1
     assert not torch.equal(second["conv1.weight"], before["conv1.weight"])  # trained in epoch 2
     assert first["fc.weight"].shape[0] == 3
+
+
+def test_a_shift_as_large_as_half_the_image_is_refused(tmp_path, capsys):
+    err = one_line(capsys, ["train", "-c", "digits-lenet", "--set", "data.random_shift=4", "-o", str(tmp_path / "o")])
+    assert "data.random_shift=4" in err and "8-px" in err and not (tmp_path / "o").exists()

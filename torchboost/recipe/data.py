@@ -158,4 +158,7 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])
+    if d.random_shift and d.image_size and 2 * d.random_shift >= d.image_size:
+        raise ConfigError(f"data.random_shift={d.random_shift} is at least half the {d.image_size}-px images: the "
+                          "digits/objects would be moved out of view", f"use at most {max(1, d.image_size // 4)}")
     return d, train_ds, eval_ds

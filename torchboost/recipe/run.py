@@ -242,6 +242,9 @@ def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str
     if amp and device.type == "cpu" and not cpu_has_bf16():
         notes.append(f"train.amp_level={cfg.train.amp_level} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX):"
                      " it is emulated and about 2x slower than fp32; use --set train.amp_level=O0 here")
+    if cfg.train.amp_level != "O0" and cfg.train.amp_dtype == "float16" and device.type == "cpu":
+        notes.append("fp16 autocast on CPU: without loss scaling its small gradients underflow (measured: training "
+                     "stays at chance); use train.amp_dtype=bfloat16 (or auto) on CPU, or add train.loss_scale=dynamic")
     return notes
 
 
