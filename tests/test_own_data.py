@@ -136,3 +136,15 @@ def test_fine_tuning_onto_other_classes_reinitialises_the_head_and_can_freeze_th
 def test_a_shift_as_large_as_half_the_image_is_refused(tmp_path, capsys):
     err = one_line(capsys, ["train", "-c", "digits-lenet", "--set", "data.random_shift=4", "-o", str(tmp_path / "o")])
     assert "data.random_shift=4" in err and "8-px" in err and not (tmp_path / "o").exists()
+
+
+def test_fp16_autocast_on_cpu_is_warned_about():
+    import torch
+
+    from torchboost.recipe.config import build_config
+    from torchboost.recipe.run import warnings_for
+
+    cfg = build_config({"train": {"amp_level": "O3", "amp_dtype": "float16"}})
+    assert any("fp16 autocast on CPU" in n for n in warnings_for(cfg, torch.device("cpu"), 1))
+    bf16 = build_config({"train": {"amp_level": "O3", "amp_dtype": "bfloat16"}})
+    assert not any("fp16" in n for n in warnings_for(bf16, torch.device("cpu"), 1))
