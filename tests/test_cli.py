@@ -143,3 +143,12 @@ def test_convert_reads_torch_files_by_content(run, tmp_path, capsys):
     old.write_bytes((run / "ckpt" / "mnist_cnn-1_44.pt").read_bytes())
     assert main(["convert", str(old), str(tmp_path / "x.safetensors"), "--arch", "none"]) == 0
     assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("planted,where", [("train.label_smoothing=0.1", "at loss"), ("optim.lr=0.1", "at update")])
+def test_align_finds_a_planted_loss_or_optimizer_difference(planted, where, capsys):
+    """Regression: --reference-set applied only to the network, so another loss or lr still PASSed."""
+    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--reference-set", planted,
+                 "--batch-size", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and f"first divergence {where}" in out

@@ -331,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--reference-config", metavar="RECIPE", help="another torchboost recipe")
     ref.add_argument("--reference-dump", metavar="DIR", help="per-layer tensors dumped by another framework")
     ref.add_argument("--dump-ours", metavar="DIR", help="write our step in the dump layout and stop")
-    a.add_argument("--reference-set", action="append", metavar="KEY=VALUE", help="override for --reference-config")
+    a.add_argument("--reference-set", action="append", metavar="KEY=VALUE",
+                   help="override a key of --reference-config (repeatable): network, loss and optimizer keys all apply")
     a.add_argument("--single-step", action="store_true", help="feed each reference layer our layer's inputs")
     a.add_argument("--name-map", metavar="FILE.json|mindspore", help="map our names to the reference's")
     a.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=8, help="images in the one batch both sides run")

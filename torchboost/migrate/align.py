@@ -133,10 +133,13 @@ def _notes(batch: Batch, seed: int) -> list[str]:
 def align_modules(model: nn.Module, reference: nn.Module, batch: Batch, *, loss_fn: Optional[Callable] = None,
                   optimizer: Optional[OptimizerFactory] = None, name_map: NameMapLike = None,
                   single_step: bool = False, seed: int = 0, copy_initial_weights: bool = True,
-                  prepare_reference: Optional[Callable[[nn.Module], None]] = None) -> AlignReport:
+                  prepare_reference: Optional[Callable[[nn.Module], None]] = None,
+                  reference_loss_fn: Optional[Callable] = None,
+                  reference_optimizer: Optional[OptimizerFactory] = None) -> AlignReport:
     """One step on `model` and `reference` (both deep-copied: the caller's modules are not changed).
 
-    `optimizer(module)` builds the same optimizer for each side; `prepare_reference(ref)` runs after the
+    `optimizer(module)` builds the same optimizer for each side unless `reference_optimizer` (and
+    `reference_loss_fn`) give the reference its own (a reference recipe with another loss or lr); `prepare_reference(ref)` runs after the
     weight copy (e.g. to set MindSpore's BN eps on the reference)."""
     nm = _name_map(name_map)
     ours_m, ref_m = copy.deepcopy(model), copy.deepcopy(reference)
@@ -151,7 +154,8 @@ def align_modules(model: nn.Module, reference: nn.Module, batch: Batch, *, loss_
     ours = record_step(ours_m, batch, loss_fn, make_opt(ours_m), keep_inputs=single_step)
     by_ref_name = {nm.module(c): v for c, v in ours.inputs.items()}
     seed_everything(seed)
-    theirs = record_step(ref_m, batch, loss_fn, make_opt(ref_m), feed=by_ref_name.get if single_step else None)
+    theirs = record_step(ref_m, batch, reference_loss_fn or loss_fn, (reference_optimizer or make_opt)(ref_m),
+                         feed=by_ref_name.get if single_step else None)
     return compare_recordings(ours, theirs, nm.module, nm.tensor, AlignReport("modules", single_step, notes=notes))
 
 

@@ -56,7 +56,8 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
                       dump_ours: Optional[str] = None) -> AlignReport | Path:
     """What `torchboost align` runs. Exactly one of reference / reference_config / reference_dump, or
     dump_ours alone (write our step as a dump directory for another framework; returns its path).
-    Loss and optimizer come from `config` and are used on both sides."""
+    Loss and optimizer come from `config`; a `reference_config` side is rebuilt whole from its own recipe and
+    `reference_overrides` (network, loss and optimizer), so a difference in any of them shows."""
     chosen = [s for s in (reference, reference_config, reference_dump, dump_ours) if s]
     if len(chosen) != 1:
         raise ConfigError("align needs exactly one of --reference, --reference-config, --reference-dump, "
@@ -70,5 +71,8 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
         return dump_step(model, batch, dump_ours, **kw)
     if reference_dump:
         return align_dump(model, reference_dump, single_step=single_step, **kw)
-    ref = load_reference(reference) if reference else _build(load_resolved(reference_config, reference_overrides)[0])
-    return align_modules(model, ref, batch, single_step=single_step, **kw)
+    if reference:
+        return align_modules(model, load_reference(reference), batch, single_step=single_step, **kw)
+    ref_cfg = load_resolved(reference_config, reference_overrides)[0]
+    return align_modules(model, _build(ref_cfg), batch, single_step=single_step, reference_loss_fn=build_loss(ref_cfg),
+                         reference_optimizer=lambda m: build_optimizer(ref_cfg, m, effective_lr(ref_cfg, 1)), **kw)
