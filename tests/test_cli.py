@@ -13,6 +13,7 @@ from PIL import Image
 from torchboost import __version__
 from torchboost.cli import main
 from torchboost.data.builtin import load_builtin
+from torchboost.migrate.formats import all_suffixes
 from torchboost.train.checkpoint import load_checkpoint
 
 FAST = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
@@ -64,6 +65,27 @@ def test_eval_checkpoint_and_plain_weights(run, tmp_path, capsys):
     assert "--config" in capsys.readouterr().err  # plain weights need the recipe that built them
     assert main(["eval", "--checkpoint", str(weights), "--config", "digits-lenet"]) == 0
     assert f"top_1_accuracy={acc:.4f}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", all_suffixes())
+def test_eval_and_predict_read_every_registered_weight_format(run, suffix, tmp_path, capsys):
+    """The training checkpoint converted to each format, with torch names (--arch none) and, where the
+    format has a name map for this network, with the framework's own names: the same scores and predictions."""
+    ckpt = str(run / "ckpt" / "mnist_cnn-1_44.pt")
+    image = tmp_path / "0.png"
+    Image.fromarray(load_builtin("digits", "test").images[0, 0].numpy()).save(image)
+    assert main(["eval", "--checkpoint", ckpt]) == 0 and main(["predict", "--checkpoint", ckpt, str(image)]) == 0
+    expected = capsys.readouterr().out.splitlines()
+    for arch in ("none", None):
+        weights = tmp_path / f"{arch}{suffix}"
+        if main(["convert", ckpt, str(weights), *(["--arch", arch] if arch else [])]) != 0:
+            assert arch is None and "--arch none" in capsys.readouterr().err  # no name map for the MNIST CNN
+            continue
+        capsys.readouterr()
+        assert main(["eval", "--checkpoint", str(weights), "--config", "digits-lenet"]) == 0
+        assert main(["predict", "--checkpoint", str(weights), "--config", "digits-lenet", str(image)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert [l for l in out if not l.startswith("data:")] == [l for l in expected if not l.startswith("data:")]
 
 
 def test_predict_files_and_folders(run, tmp_path, capsys):

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from torchboost.migrate import convert
+from torchboost.migrate.formats import all_suffixes
 from torchboost.recipe.build import build_optimizer, build_schedule, effective_lr
 from torchboost.recipe.infer import evaluate_checkpoint
 from torchboost.recipe.load import load_config, load_resolved
@@ -83,10 +85,16 @@ def test_thor_schedule_mode_follows_mindspores_formula():
         assert lrs[i] == pytest.approx(0.05 * (1 - e / 10) ** 4, rel=1e-6)
 
 
-def test_init_weights_starts_from_given_weights_only(tmp_path):
+@pytest.mark.parametrize("suffix", [None, *all_suffixes()])
+def test_init_weights_starts_from_given_weights_only(tmp_path, suffix):
+    """From a training checkpoint, or its weights in any registered format (torch names in every container)."""
     first = _run(tmp_path / "a", "train.epochs=1")
+    weights = first.last_checkpoint
+    if suffix is not None:
+        weights = tmp_path / f"w{suffix}"
+        convert(first.last_checkpoint, weights, arch="none")
     cfg = load_config("digits-lenet", FAST + [f"output={tmp_path / 'b'}", "train.epochs=1",
-                                             f"train.init_weights={first.last_checkpoint}", "optim.lr=1e-12",
+                                             f"train.init_weights={weights}", "optim.lr=1e-12",
                                              "schedule.mode=constant"])
     second = train_from_config(cfg)
     w0 = load_checkpoint(first.last_checkpoint)["model"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -97,17 +97,26 @@ def write_weights(path: str | os.PathLike, state: State) -> None:
     fmt.write(path, state)
 
 
-def read_torch_named(path: str | os.PathLike, arch: str | None = None, num_classes: int | None = None) -> State:
-    """{torch name: tensor} from any registered format: a framework's names are mapped (strictly) to torch's."""
+def read_torch_named(path: str | os.PathLike, arch: str | None = None, num_classes: int | None = None,
+                     network: Mapping[str, torch.Tensor] | None = None) -> State:
+    """{torch name: tensor} from any registered format: a framework's names are mapped (strictly) to torch's.
+
+    `network`: the state dict of the network the weights are for. A file whose names and shapes already are
+    exactly the network's is read as it is, whatever its container (what `convert --arch none` writes; the
+    MindSpore name map knows no MNIST CNN, and Paddle's would transpose its classifier a second time)."""
     fmt = source_format(path)
     state = fmt.read(path)
-    if fmt.to_torch is None:
+    if fmt.to_torch is None or (network is not None and _same_shapes(state, network)):
         return state
     state, report = fmt.to_torch(state, arch, num_classes)
     if not report.ok:
         raise CheckpointError(f"{path} does not map to {report.arch}: {report.first_problem()}",
                               "pick the recipe (--config) whose network these weights belong to")
     return state
+
+
+def _same_shapes(state: State, network: Mapping[str, torch.Tensor]) -> bool:
+    return state.keys() == network.keys() and all(state[k].shape == network[k].shape for k in state)
 
 
 MINDSPORE, PADDLE, TORCH, SAFETENSORS = "mindspore", "paddle", "torch", "safetensors"

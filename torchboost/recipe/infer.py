@@ -49,12 +49,12 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
         recipe_cfg = load_config(config, overrides)
         data_cfg, train_ds, _ = load_data(recipe_cfg)
         cfg = resolve(recipe_cfg, data_cfg, train_ds, None)
-        # any registered format; MindSpore/Paddle names are mapped to the network's
-        ckpt = {"model": read_torch_named(path, cfg.model.name, cfg.model.num_classes),
-                "classes": list(train_ds.classes)}
     net = build_model(cfg)
     if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
         transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
+    if ckpt is None:  # any registered format; MindSpore/Paddle names are mapped to the network's
+        ckpt = {"model": read_torch_named(path, cfg.model.name, cfg.model.num_classes, net.state_dict()),
+                "classes": list(train_ds.classes)}
     load_model_state(net, ckpt["model"], source=str(path))
     model = Model(net, build_loss(cfg), device=device, channels_last=cfg.model.channels_last)
     return model, cfg, ckpt

@@ -176,7 +176,7 @@ def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, ste
     if cfg.train.init_weights:
         # any registered weight format; MindSpore/Paddle names are mapped to the network's (names only: a
         # head for another class count is left to load_backbone)
-        state = read_torch_named(cfg.train.init_weights, cfg.model.name, None)
+        state = read_torch_named(cfg.train.init_weights, cfg.model.name, None, net.state_dict())
         fresh = load_backbone(net, state, source=cfg.train.init_weights)
         if fresh:
             shapes = "x".join(map(str, state[fresh[0]].shape))
