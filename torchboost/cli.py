@@ -119,6 +119,13 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_options(args: argparse.Namespace) -> int:
+    from .recipe.reference import render_markdown, render_text, select
+
+    print(render_markdown() if args.markdown else render_text(select(args.keys)), end="" if args.markdown else "\n")
+    return 0
+
+
 def _cmd_export_folder(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -303,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list the recipes with what each trains (default), or show one's YAML")
     r.add_argument("name", nargs="?", help="the recipe to show")
     r.set_defaults(func=_cmd_recipes)
+
+    o = sub.add_parser("options", help="every config key: type, default, allowed values, meaning")
+    o.add_argument("keys", nargs="*", metavar="KEY", help="keys or sections to show (e.g. optim.thor); default: all")
+    o.add_argument("--markdown", action="store_true", help="the whole reference as Markdown (docs/CONFIG.md)")
+    o.set_defaults(func=_cmd_options)
 
     x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder")
     x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")

@@ -25,13 +25,14 @@ _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
 
 
 def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-        choices: Sequence[Any] | None = None, **bounds: float) -> Any:
+        choices: Sequence[Any] | None = None, help: str = "", **bounds: float) -> Any:
     """A dataclass field with rules: `choices` (allowed values) and bounds `ge`/`gt`/`le`/`lt` (numbers,
-    or every number of a list). Numbers must also be finite."""
+    or every number of a list). Numbers must also be finite. `help`: one line of meaning, shown by
+    `torchboost options` and docs/CONFIG.md."""
     unknown = set(bounds) - set(_BOUNDS)
     if unknown:
         raise TypeError(f"unknown rule(s) {sorted(unknown)}")
-    meta = {"choices": tuple(choices) if choices is not None else None, **bounds}
+    meta = {"choices": tuple(choices) if choices is not None else None, "help": help, **bounds}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

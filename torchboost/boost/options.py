@@ -28,8 +28,9 @@ class CommonOptions(_Checked):
     (informational: torchboost takes the world size from torch.distributed)."""
 
     where: ClassVar[str] = "boost.config.common"
-    gradient_split_groups: list[int] = opt(factory=list, ge=1)
-    device_number: int = opt(8, ge=1)
+    gradient_split_groups: list[int] = opt(factory=list, ge=1, help="parameter indices where gradient all-reduce "
+                                                                       "groups split; empty: DDP's buckets")
+    device_number: int = opt(8, ge=1, help="devices per node (informational: the world size comes from torchrun)")
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,9 @@ class LessBNOptions(_Checked):
     none on a model without BatchNorm, where it slows learning (see less_bn.py). true/false force it."""
 
     where: ClassVar[str] = "boost.config.less_bn"
-    fn_flag: Union[bool, str] = opt("auto", choices=(True, False, "auto"))
-    gc_flag: bool = opt(True)
+    fn_flag: Union[bool, str] = opt("auto", choices=(True, False, "auto"),
+                                    help="the cosine FN classifier head; auto: where LessBN removes BatchNorms")
+    gc_flag: bool = opt(True, help="gradient centralization on convolution weights")
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,10 @@ class GradFreezeOptions(_Checked):
 
     where: ClassVar[str] = "boost.config.grad_freeze"
     # >= 2: with one training set (the whole network) nothing is ever frozen - MindSpore says nothing
-    param_groups: int = opt(10, ge=2)
-    freeze_type: int = opt(1, choices=(0, 1))
-    freeze_p: float = opt(0.7, gt=0, lt=1)
-    total_steps: int = opt(65536, ge=1)
+    param_groups: int = opt(10, ge=2, help="how many training sets the network is split into")
+    freeze_type: int = opt(1, choices=(0, 1), help="freezing schedule: 0 cyclic, 1 random interval")
+    freeze_p: float = opt(0.7, gt=0, lt=1, help="share of steps that train the whole network")
+    total_steps: int = opt(65536, ge=1, help="length of the freezing schedule (it repeats after that)")
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class GradAccumulationOptions(_Checked):
     """`grad_accumulation`: micro-batches per optimizer update (the TrainStep does the accumulation)."""
 
     where: ClassVar[str] = "boost.config.grad_accumulation"
-    grad_accumulation_step: int = opt(1, ge=1)
+    grad_accumulation_step: int = opt(1, ge=1, help="micro-batches per optimizer update")
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,15 @@ class DimReduceOptions(_Checked):
     MindSpore compatibility: torchboost never waits on per-rank basis files (every rank gets P in memory)."""
 
     where: ClassVar[str] = "boost.config.dim_reduce"
-    rho: float = opt(0.55, gt=0, lt=1)
-    gamma: float = opt(0.9, ge=0, lt=1)
-    alpha: float = opt(0.001, ge=0)
-    sigma: float = opt(0.4, gt=0, lt=1)
-    n_components: int = opt(32, ge=1)
-    pca_mat_path: Optional[str] = opt(None)
-    weight_load_dir: Optional[str] = opt(None)
-    timeout: int = opt(1800, gt=0)
+    rho: float = opt(0.55, gt=0, lt=1, help="line-search step base")
+    gamma: float = opt(0.9, ge=0, lt=1, help="momentum of the residual update")
+    alpha: float = opt(0.001, ge=0, help="step size of the residual update")
+    sigma: float = opt(0.4, gt=0, lt=1, help="Armijo constant of the line search")
+    n_components: int = opt(32, ge=1, help="size of the PCA subspace")
+    pca_mat_path: Optional[str] = opt(None, help="the PCA basis file: read when it exists, else computed and saved there")
+    weight_load_dir: Optional[str] = opt(None, help="the first stage's checkpoint folder the basis is "
+                                                                "computed from")
+    timeout: int = opt(1800, gt=0, help="accepted for MindSpore compatibility (nothing waits on basis files)")
 
 
 @dataclass(frozen=True)
@@ -88,4 +91,4 @@ class AdasumOptions(_Checked):
     `hierarchical`: average within each node, Adasum across nodes (see torchboost.boost.adasum)."""
 
     where: ClassVar[str] = "boost.config.adasum"
-    hierarchical: bool = opt(False)
+    hierarchical: bool = opt(False, help="average within each node, Adasum across nodes")

@@ -29,8 +29,8 @@ from torchboost.options import opt
 class ThorRecipeOptions(ThorOptions):
     """`optim.thor`: ThorPreconditioner's options plus MindSpore's damping generator."""
 
-    # damping(i) = damping * damping_decay^(epoch/10), per update (MindSpore's recipe: 0.5467); None: constant
-    damping_decay: Optional[float] = opt(None, gt=0, le=1)
+    damping_decay: Optional[float] = opt(None, gt=0, le=1, help="damping(e) = damping * damping_decay ^ (e / "
+                                                               "10) (MindSpore's recipe: 0.5467); unset: constant")
 
 
 @dataclass(frozen=True)

@@ -31,147 +31,165 @@ MODELS = tuple(list_models())
 
 @dataclass
 class ModelConfig:
-    name: str = opt("mnist_cnn", choices=MODELS)
-    num_classes: Optional[int] = opt(None, ge=1)  # None: the data's class count
-    in_chans: Optional[int] = opt(None, ge=1)  # None: the data's channel count
-    zero_init_last_bn: bool = opt(False)
-    init: Optional[str] = opt(None, choices=("torchvision", "mindspore", "torch", "paddle"))  # None: the model's
-    padding: str = opt("torch", choices=("torch", "same"))  # same: MindSpore's pad_mode='same' (ResNets)
-    # ResNets: the 3x3 stride-1 stem without max-pool, for 8-64 px images; None: on for images <= 64 px
-    small_input: Optional[bool] = opt(None)
-    channels_last: bool = opt(False)
-    compile: bool = opt(False)  # torch.compile: faster inference, slower CPU training here (see BENCHMARKS.md)
+    name: str = opt("mnist_cnn", choices=MODELS, help="the network")
+    num_classes: Optional[int] = opt(None, ge=1, help="classifier outputs; unset: the data's class count")
+    in_chans: Optional[int] = opt(None, ge=1, help="input channels; unset: the data's channel count")
+    zero_init_last_bn: bool = opt(False, help="ResNets: start each block's last BatchNorm scale at 0")
+    init: Optional[str] = opt(None, choices=("torchvision", "mindspore", "torch", "paddle"),
+                              help="weight initialisation of which framework; unset: the model's own")
+    padding: str = opt("torch", choices=("torch", "same"),
+                       help="ResNets: 'same' is MindSpore's pad_mode='same' (needed for its checkpoints' logits)")
+    small_input: Optional[bool] = opt(None, help="ResNets: 3x3 stride-1 stem without max-pool for 8-64 px "
+                                                 "images; unset: on for images <= 64 px")
+    channels_last: bool = opt(False, help="NHWC memory layout (faster convolutions on some CPUs and GPUs)")
+    compile: bool = opt(False, help="torch.compile the network (faster inference; slower CPU training here)")
 
 
 @dataclass
 class DataConfig:
-    dataset: str = opt(DEFAULT_KIND, choices=tuple(list_kinds()))  # torchboost.recipe.kinds
-    path: Optional[str] = opt(None)
-    image_size: Optional[int] = opt(None, ge=1, le=2048)  # None: native size (in-memory sets), 224 (folders)
-    channels: Optional[int] = opt(None, choices=(1, 3))  # None: the data's own (1 for MNIST, 3 for folders)
-    batch_size: int = opt(64, ge=1, le=2**31 - 1)  # per process
-    eval_batch_size: int = opt(500, ge=1, le=2**31 - 1)
-    workers: int = opt(0, ge=0, le=1024)
-    pin_memory: bool = opt(False)
-    skip_corrupt: bool = opt(False)
-    mean: Optional[list[float]] = opt(None)
-    std: Optional[list[float]] = opt(None, gt=0)
-    crop_pct: float = opt(0.875, gt=0, le=1)
-    synthetic_size: int = opt(1024, ge=1, le=10_000_000)
-    # Ship uint8 batches and normalize on the device: 4x fewer bytes through workers and host-to-device copies.
-    normalize_on_device: bool = opt(False)
-    # Training augmentation. auto: imagenet for folders of photos for ResNets; otherwise shift when
-    # random_shift > 0, else none. imagenet: RandomResizedCrop(rrc_scale) + flip; flip: resize + centre crop + flip;
-    # shift: resize + random translation by up to random_shift px; none: the evaluation preprocessing.
-    augment: str = opt("auto", choices=("auto", "imagenet", "flip", "shift", "none"))
-    rrc_scale: list[float] = opt(factory=lambda: [0.08, 1.0], gt=0, le=1)
-    random_shift: int = opt(0, ge=0, le=64)
+    dataset: str = opt(DEFAULT_KIND, choices=tuple(list_kinds()),
+                       help="data-set kind: an image folder or a built-in set")
+    path: Optional[str] = opt(None, help="the data's folder (train/ and val/ inside, or one folder per class)")
+    image_size: Optional[int] = opt(None, ge=1, le=2048, help="side of the square network input; unset: "
+                                                              "native size for small images, 224 for photos")
+    channels: Optional[int] = opt(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
+                                                             "images are")
+    batch_size: int = opt(64, ge=1, le=2**31 - 1, help="training images per step, per process")
+    eval_batch_size: int = opt(500, ge=1, le=2**31 - 1, help="evaluation images per step, per process")
+    workers: int = opt(0, ge=0, le=1024, help="loader processes decoding images (0: in the training process)")
+    pin_memory: bool = opt(False, help="page-locked batches for faster copies to a GPU")
+    skip_corrupt: bool = opt(False, help="leave out images that cannot be decoded (and say how many) "
+                                         "instead of stopping")
+    mean: Optional[list[float]] = opt(None, help="per-channel normalisation mean; unset: the data's "
+                                                 "(ImageNet's for photos)")
+    std: Optional[list[float]] = opt(None, gt=0, help="per-channel normalisation std; unset: as mean")
+    crop_pct: float = opt(0.875, gt=0, le=1, help="evaluation centre crop: resize to image_size / crop_pct, "
+                                                  "then crop")
+    synthetic_size: int = opt(1024, ge=1, le=10_000_000, help="images in the synthetic data set")
+    normalize_on_device: bool = opt(False, help="ship uint8 batches and normalise on the device (4x fewer "
+                                                "bytes to copy)")
+    augment: str = opt("auto", choices=("auto", "imagenet", "flip", "shift", "none"),
+                       help="training augmentation: imagenet = random resized crop + flip; flip; shift = random "
+                            "translation by random_shift px; none; auto: imagenet for photos and ResNets, shift "
+                            "when random_shift > 0, else none")
+    rrc_scale: list[float] = opt(factory=lambda: [0.08, 1.0], gt=0, le=1,
+                                 help="augment=imagenet: [min, max] share of the image each crop covers")
+    random_shift: int = opt(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
+                                                 "the image)")
 
 
 @dataclass
 class OptimConfig:
-    name: str = opt(DEFAULT_OPTIMIZER, choices=tuple(list_optimizers()))  # torchboost.optim.registry
-    lr: float = opt(0.05, gt=0)
-    # When set, lr is for this global batch and is scaled linearly to the real one (lr 0.256 per 256).
-    lr_reference_batch: Optional[int] = opt(None, ge=1)
-    # None: the optimizer's own default (0.9 SGD/THOR, 0.95 + Nesterov Muon/THOR-Muon); an error for optimizers
-    # without momentum (AdamW)
-    momentum: Optional[float] = opt(None, ge=0, lt=1)
-    nesterov: Optional[bool] = opt(None)
-    weight_decay: float = opt(0.0, ge=0)
-    decay_bn_and_bias: bool = opt(False)
-    # Per-layer L2: {"layer4.*": 1e-4, "fc.*": 0.0} (fnmatch on parameter names, first match wins).
-    weight_decay_groups: dict = opt(factory=dict)
-    # THOR's options, for thor and thor_muon (Muon on THOR-preconditioned gradients); see ThorPreconditioner.
+    name: str = opt(DEFAULT_OPTIMIZER, choices=tuple(list_optimizers()), help="the optimizer")
+    lr: float = opt(0.05, gt=0, help="base learning rate (see lr_reference_batch and schedule.*)")
+    lr_reference_batch: Optional[int] = opt(None, ge=1, help="when set, lr is for this global batch and is "
+                                                             "scaled linearly to the real one")
+    momentum: Optional[float] = opt(None, ge=0, lt=1, help="unset: the optimizer's own (0.9 SGD/THOR, 0.95 "
+                                                           "Muon); an error for optimizers without momentum")
+    nesterov: Optional[bool] = opt(None, help="Nesterov momentum; unset: the optimizer's own")
+    weight_decay: float = opt(0.0, ge=0, help="L2 penalty on weights")
+    decay_bn_and_bias: bool = opt(False, help="also decay BatchNorm scales/shifts and biases")
+    weight_decay_groups: dict = opt(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
+                                                       "(patterns on parameter names, first match wins)")
     thor: ThorRecipeOptions = dataclasses.field(default_factory=ThorRecipeOptions)
 
 
 @dataclass
 class ScheduleConfig:
-    # constant | seed_cosine (the NVIDIA recipe's formula) | cosine (warmup + cosine) | step | poly | thor
-    mode: str = opt("constant", choices=("constant", "seed_cosine", "cosine", "step", "poly", "thor"))
-    warmup_epochs: float = opt(0.0, ge=0)
-    lr_init: float = opt(0.0, ge=0)  # learning rate at the start of the warmup
-    lr_end: float = opt(0.0, ge=0)
-    milestones: list[float] = opt(factory=list, ge=0)  # epochs, for mode=step
-    gamma: float = opt(0.1, gt=0)
-    power: float = opt(2.0, gt=0)
-    # THOR's lr generator (mode=thor): lr(i) = lr * (1 - e/lr_end_epoch)^lr_decay, halved after decay_epochs
-    lr_decay: float = opt(5.0, ge=0)
-    lr_end_epoch: float = opt(50.0, gt=0)
-    decay_epochs: float = opt(100.0, gt=0)
+    mode: str = opt("constant", choices=("constant", "seed_cosine", "cosine", "step", "poly", "thor"),
+                    help="lr schedule: constant, cosine (warmup + cosine), seed_cosine (NVIDIA's formula), step "
+                         "(milestones), poly, thor (MindSpore's THOR formula)")
+    warmup_epochs: float = opt(0.0, ge=0, help="epochs of linear warmup from lr_init to lr")
+    lr_init: float = opt(0.0, ge=0, help="learning rate at the start of the warmup")
+    lr_end: float = opt(0.0, ge=0, help="learning rate at the end (cosine, poly)")
+    milestones: list[float] = opt(factory=list, ge=0, help="mode=step: epochs at which lr is multiplied by gamma")
+    gamma: float = opt(0.1, gt=0, help="mode=step: lr factor at each milestone")
+    power: float = opt(2.0, gt=0, help="mode=poly: the exponent")
+    lr_decay: float = opt(5.0, ge=0, help="mode=thor: lr(e) = lr * (1 - e / lr_end_epoch) ^ lr_decay")
+    lr_end_epoch: float = opt(50.0, gt=0, help="mode=thor: the epoch where that formula reaches 0")
+    decay_epochs: float = opt(100.0, gt=0, help="mode=thor: lr is halved after this many epochs")
 
 
 @dataclass
 class EmaConfig:
-    enabled: bool = opt(False)
-    decay: float = opt(0.9999, ge=0, lt=1)
-    warmup: str = opt("timm", choices=("timm", "nvidia", "none"))
-    warmup_gamma: float = opt(1.0, gt=0)
-    warmup_power: float = opt(0.6666667, gt=0)
-    buffers: str = opt("copy", choices=("copy", "average"))
+    enabled: bool = opt(False, help="keep an exponential moving average of the weights and evaluate it")
+    decay: float = opt(0.9999, ge=0, lt=1, help="the average's decay per step")
+    warmup: str = opt("timm", choices=("timm", "nvidia", "none"), help="how decay ramps up in early steps")
+    warmup_gamma: float = opt(1.0, gt=0, help="warmup=timm: decay = min(decay, 1 - (1 + step / gamma) ^ -power)")
+    warmup_power: float = opt(0.6666667, gt=0, help="warmup=timm: the power in that formula")
+    buffers: str = opt("copy", choices=("copy", "average"), help="BatchNorm statistics: copied from the model "
+                                                                "or averaged too")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = opt(3, ge=1, le=1_000_000)
-    seed: int = opt(0, ge=0, le=2**32 - 1)  # numpy's seed range
-    device: str = opt("auto")  # auto | cpu | cuda | cuda:N
-    amp_level: str = opt("O0", choices=("O0", "O1", "O2", "O3"))
-    amp_dtype: str = opt("auto", choices=("auto", "bfloat16", "float16"))
-    loss_scale: str = opt("none", choices=("none", "fixed", "dynamic"))
-    loss_scale_value: float = opt(128.0, gt=0, le=2.0**64)  # applied in float32: must stay far below 3.4e38
-    drop_overflow_update: bool = opt(False)
-    clip_global_norm: Optional[float] = opt(None, gt=0)
-    clip_value: Optional[float] = opt(None, gt=0)
-    accumulation_steps: int = opt(1, ge=1)
-    label_smoothing: float = opt(0.0, ge=0, lt=1)
-    metrics: list[str] = opt(factory=lambda: list(METRIC_NAMES), choices=(*METRIC_NAMES, *METRIC_ALIASES))
-    log_every: int = opt(50, ge=1)
-    progress_bar: bool = opt(True)
-    per_batch_accuracy: bool = opt(False)
-    eval_every: int = opt(1, ge=1)
-    # The metric that picks the best checkpoint and drives early stopping (val_ = on the evaluation data).
-    monitor: str = opt("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"))
-    early_stopping_patience: Optional[int] = opt(None, ge=1)
-    restore_best: bool = opt(False)  # end with the best epoch's weights (by train.monitor)
-    # A non-finite loss: stop at once, or skip the update and stop after max_nonfinite_steps in a row.
-    nonfinite: str = opt("stop", choices=("stop", "skip"))
-    max_nonfinite_steps: int = opt(10, ge=1)
-    # Start from these weights only (fine-tuning, or a DimReduce second stage); --resume restores everything.
-    init_weights: Optional[str] = opt(None)
-    # Fine-tuning: train only the classifier head for this many epochs first (then the whole network).
-    freeze_backbone_epochs: int = opt(0, ge=0, le=1_000_000)
+    epochs: int = opt(3, ge=1, le=1_000_000, help="passes over the training data")
+    seed: int = opt(0, ge=0, le=2**32 - 1, help="seed of every random choice (weights, order, augmentation)")
+    device: str = opt("auto", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)")
+    amp_level: str = opt("O0", choices=("O0", "O1", "O2", "O3"),
+                         help="mixed precision (MindSpore's levels): O0 float32; O1 and O2 autocast (O2 adds "
+                              "dynamic loss scaling for float16); O3 the whole network in low precision")
+    amp_dtype: str = opt("auto", choices=("auto", "bfloat16", "float16"),
+                         help="low-precision type; auto: bfloat16, or float16 on GPUs without bfloat16")
+    loss_scale: str = opt("none", choices=("none", "fixed", "dynamic"), help="loss scaling for float16")
+    loss_scale_value: float = opt(128.0, gt=0, le=2.0**64, help="loss_scale=fixed: the scale (the start value "
+                                                                "for dynamic)")
+    drop_overflow_update: bool = opt(False, help="loss_scale=fixed: skip a step whose gradients overflowed")
+    clip_global_norm: Optional[float] = opt(None, gt=0, help="clip gradients to this global L2 norm")
+    clip_value: Optional[float] = opt(None, gt=0, help="clip every gradient element to +-this")
+    accumulation_steps: int = opt(1, ge=1, help="micro-batches summed per optimizer step")
+    label_smoothing: float = opt(0.0, ge=0, lt=1, help="share of the target spread over the other classes")
+    metrics: list[str] = opt(factory=lambda: list(METRIC_NAMES), choices=(*METRIC_NAMES, *METRIC_ALIASES),
+                             help="what evaluation reports (top-5 only with more than 5 classes)")
+    log_every: int = opt(50, ge=1, help="steps between loss lines in the log")
+    progress_bar: bool = opt(True, help="a progress bar per epoch on a terminal")
+    per_batch_accuracy: bool = opt(False, help="also log training accuracy per batch (costs a sync)")
+    eval_every: int = opt(1, ge=1, help="epochs between evaluations")
+    monitor: str = opt("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"),
+                       help="the metric that picks the best checkpoint and drives early stopping")
+    early_stopping_patience: Optional[int] = opt(None, ge=1, help="stop after this many evaluations without "
+                                                                  "improvement; unset: never")
+    restore_best: bool = opt(False, help="end with the best epoch's weights (by monitor)")
+    nonfinite: str = opt("stop", choices=("stop", "skip"), help="a NaN/inf loss: stop at once, or skip the "
+                                                                "update (up to max_nonfinite_steps in a row)")
+    max_nonfinite_steps: int = opt(10, ge=1, help="nonfinite=skip: stop after this many bad steps in a row")
+    init_weights: Optional[str] = opt(None, help="start from these weights only (any weight format; a head "
+                                                 "for other classes is re-initialised); --resume restores all")
+    freeze_backbone_epochs: int = opt(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
+                                                                   "head for this many epochs first")
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
 
 
 @dataclass
 class CheckpointSection:
-    save_every_epochs: int = opt(1, ge=0)
-    save_every_steps: int = opt(0, ge=0)
-    keep_max: int = opt(5, ge=1)
-    save_best: bool = opt(True)  # also keep PREFIX-best.pt, the best epoch by train.monitor
-    prefix: Optional[str] = opt(None)  # None: the model name
+    save_every_epochs: int = opt(1, ge=0, help="epochs between checkpoints (0: none by epoch)")
+    save_every_steps: int = opt(0, ge=0, help="steps between checkpoints (0: none by step)")
+    keep_max: int = opt(5, ge=1, help="how many of the newest checkpoints are kept")
+    save_best: bool = opt(True, help="also keep PREFIX-best.pt, the best epoch by train.monitor")
+    prefix: Optional[str] = opt(None, help="checkpoint file name prefix; unset: the model name")
 
 
 @dataclass
 class BoostSection:
-    level: str = opt("O0", choices=("O0", "O1", "O2"))
-    config: dict = opt(factory=dict)  # MindSpore's boost_config_dict: {"boost": {...}} or its inner dict
+    level: str = opt("O0", choices=("O0", "O1", "O2"), help="boost level: O1 = LessBN + gradient freezing, "
+                                                           "O2 = O1 + Adasum")
+    config: dict = opt(factory=dict, help="MindSpore's boost_config_dict: {boost: {mode: ...}, less_bn: "
+                                          "{...}, ...} (see the boost.config rows)")
 
 
 @dataclass
 class DistSection:
-    bucket_cap_mb: float = opt(25.0, gt=0)
-    fusion_config: Optional[list[int]] = opt(None, ge=1)
-    sync_bn: bool = opt(False)
-    timeout_s: float = opt(300.0, gt=0)
+    bucket_cap_mb: float = opt(25.0, gt=0, help="DDP gradient bucket size")
+    fusion_config: Optional[list[int]] = opt(None, ge=1, help="parameter indices where gradient buckets split "
+                                                              "(MindSpore's all_reduce_fusion_config)")
+    sync_bn: bool = opt(False, help="BatchNorm statistics across processes")
+    timeout_s: float = opt(300.0, gt=0, help="seconds a collective may wait for another process")
 
 
 @dataclass
 class Config:
-    name: str = opt("mnist-lenet")
-    output: str = opt("runs/{name}")
+    name: str = opt("mnist-lenet", help="the run's name (the recipe's)")
+    output: str = opt("runs/{name}", help="the run's folder: config, checkpoints, logs ({name} = name)")
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)

@@ -57,22 +57,34 @@ class ThorOptions:
     """ThorPreconditioner's options that a recipe can write (`optim.thor`), with their defaults and rules.
     `damping` may also be a per-update list; in Python it may be an array or a callable of the update index."""
 
-    damping: Union[float, list[float]] = opt(0.03, gt=0)
-    frequency: int = opt(100, ge=1)  # factors and inverses refreshed every `frequency` updates
-    split_dim: Optional[int] = opt(128, ge=1)  # block size of the block-diagonal inverse; None: whole matrix
-    loss_scale: float = opt(1.0, gt=0)
-    factor_interval: Optional[int] = opt(None, ge=1)  # None: frequency
-    inv_interval: Optional[int] = opt(None, ge=1)  # None: frequency; a multiple of factor_interval
-    factor_decay: Optional[float] = opt(None, ge=0, lt=1)  # running average of factors; None: latest batch only
-    inverse_method: str = opt("cholesky", choices=("cholesky", "eigen"))
-    trace_threshold: Optional[float] = opt(None, ge=0)  # refresh a layer only when its factors' trace moved
-    interval_growth: int = opt(1, ge=1)
-    max_interval_mult: int = opt(8, ge=1)
-    loss_reduction: str = opt("mean", choices=("mean", "sum"))
-    max_damping_retries: int = opt(3, ge=0)
-    graft: str = opt("none", choices=("none", "grad"))
-    factor_samples: Optional[int] = opt(None, ge=1)  # rows sampled per layer to build the input factor
-    split_indices: Optional[list[int]] = opt(None, ge=0)  # all-reduce fusion groups of the inverses
+    damping: Union[float, list[float]] = opt(0.03, gt=0, help="added to the factors' diagonal before inverting "
+                                                              "(a number, or one per update)")
+    frequency: int = opt(100, ge=1, help="updates between refreshes of the factors and their inverses")
+    split_dim: Optional[int] = opt(128, ge=1, help="block size of the block-diagonal inverse; unset: the "
+                                                   "whole matrix")
+    loss_scale: float = opt(1.0, gt=0, help="the loss scale the gradients carry (divided out of the factors)")
+    factor_interval: Optional[int] = opt(None, ge=1, help="updates between factor refreshes; unset: frequency")
+    inv_interval: Optional[int] = opt(None, ge=1, help="updates between inversions (a multiple of "
+                                                       "factor_interval); unset: frequency")
+    factor_decay: Optional[float] = opt(None, ge=0, lt=1, help="running average of the factors; unset: the "
+                                                               "latest batch only")
+    inverse_method: str = opt("cholesky", choices=("cholesky", "eigen"), help="how the damped factors are "
+                                                                              "inverted")
+    trace_threshold: Optional[float] = opt(None, ge=0, help="skip a layer's refresh while its factors' trace "
+                                                            "moved less than this share; unset: always refresh")
+    interval_growth: int = opt(1, ge=1, help="with trace_threshold: a skipped layer's interval grows by this "
+                                             "factor")
+    max_interval_mult: int = opt(8, ge=1, help="with trace_threshold: the largest interval, in frequencies")
+    loss_reduction: str = opt("mean", choices=("mean", "sum"), help="how the loss reduces over the batch "
+                                                                    "(scales the output-gradient factor)")
+    max_damping_retries: int = opt(3, ge=0, help="an inversion that fails is retried with 10x the damping "
+                                                 "this many times")
+    graft: str = opt("none", choices=("none", "grad"), help="grad: THOR's direction with each layer's plain "
+                                                            "gradient norm")
+    factor_samples: Optional[int] = opt(None, ge=1, help="batch samples the factors are built from at a "
+                                                         "refresh; unset: the whole batch")
+    split_indices: Optional[list[int]] = opt(None, ge=0, help="multi-process: layer indices where the "
+                                                              "inverses' all-reduce groups split")
 
 
 @dataclass
