@@ -1,13 +1,18 @@
 """Data-starvation monitor and profiler callback, through Model.train. Step and data times are scripted
 (a callback overwrites what Model.train measured), so the assertions hold on any machine."""
 
+import importlib.util
 import json
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
+from torchboost.recipe.callbacks import build_callbacks
+from torchboost.recipe.config import build_config
+from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback, starvation_advice, usable_cores
 from torchboost.train.callbacks import Callback
 from torchboost.train.model import Model
 
@@ -96,9 +101,38 @@ def test_profiler_writes_a_trace(tmp_path):
     assert steps == {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}  # after wait 1 + warmup 1
     assert any("aten::convolution" in e.get("name", "") for e in events)
     assert any("aten::convolution" in line for line in logs)  # the top-operator table was printed
+    view = next(line for line in logs if line.startswith("profiler:")).split("(view: ")[1]
+    plugin = importlib.util.find_spec("torch_tb_profiler") is not None  # TensorBoard shows traces only with it
+    assert view.startswith("tensorboard --logdir" if plugin else "open the .pt.trace.json in https://ui.perfetto.dev")
+
+
+def test_advice_fits_the_data_and_the_machine():
+    """No decode advice for in-memory data; no 'more workers' once the workers match the usable cores."""
+    loader = SimpleNamespace(num_workers=0, persistent_workers=False, pin_memory=False)
+    cores = usable_cores()
+    assert cores == len(os.sched_getaffinity(0))
+    tips = starvation_advice(loader, decodes=False)
+    assert tips[0] == f"load in background processes: data.workers=N (this machine has {cores} cores)"
+    assert not any("decode" in t or "draft" in t for t in tips)
+    assert any("draft" in t for t in starvation_advice(loader, decodes=True))
+    loader.num_workers = cores
+    tips = starvation_advice(loader, decodes=False)
+    assert not any("more loader workers" in t for t in tips)
+    assert tips[0].startswith(f"the {cores} loader workers already match the {cores} cores")
+    if cores > 1:
+        loader.num_workers = cores - 1
+        assert starvation_advice(loader)[0] == f"more loader workers (data.workers={cores - 1} now, {cores} cores)"
 
 
 def test_profiler_says_when_the_run_is_too_short(tmp_path):
     _, logs = run(batches(2, 8), [ProfilerCallback(tmp_path / "trace")], epochs=1)
     assert not list((tmp_path / "trace").glob("*.json"))
     assert any("no trace written" in line for line in logs)
+
+
+@pytest.mark.parametrize("dataset, decodes", [("digits", False), ("folder", True)])
+def test_a_runs_monitor_knows_whether_its_data_is_decoded(tmp_path, dataset, decodes):
+    cfg = build_config(overrides=[f"data.dataset={dataset}"])
+    callbacks, _ = build_callbacks(cfg, tmp_path, SimpleNamespace(num_workers=0), None, print)
+    (monitor,) = [c for c in callbacks if isinstance(c, DataStarvationMonitor)]
+    assert monitor.decodes is decodes

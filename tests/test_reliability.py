@@ -289,6 +289,36 @@ def test_pruning_touches_only_this_runs_checkpoints(run_copy, capsys):
         assert (ck / name).read_bytes() == data
 
 
+def test_a_finished_run_leaves_no_lock(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = train(capsys, out)
+    assert code == 0, err
+    assert not (out / ".lock").exists() and (out / "config.yaml").is_file()
+    code, _, err = train(capsys, out, "--set", "train.epochs=0")  # a failed command: still no lock behind
+    assert code == 2 and not (out / ".lock").exists()
+
+
+def test_a_lock_removed_by_a_finishing_run_is_not_held(tmp_path, monkeypatch):
+    """The race a removable lock file opens: a run opens .lock, the holder finishes and unlinks it, then the
+    run's flock succeeds on the unlinked file while a third run creates and locks a new one. The run must
+    see its file is gone and lock the one at the path."""
+    from torchboost.recipe import outputs
+
+    path = tmp_path / ".lock"
+    real_flock, calls = fcntl.flock, []
+
+    def flock_after_the_holder_finished(f, op):
+        calls.append(os.fstat(f.fileno()).st_ino)
+        if len(calls) == 1:
+            path.unlink()  # the previous holder finished between our open and our flock
+        return real_flock(f, op)
+
+    monkeypatch.setattr(outputs.fcntl, "flock", flock_after_the_holder_finished)
+    with outputs._take_lock(path) as lock:
+        assert len(calls) == 2  # the unlinked file was let go and the new one locked
+        assert os.fstat(lock.fileno()).st_ino == os.stat(path).st_ino
+
+
 def test_a_live_run_holds_the_folder(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 from torch.utils.data import DataLoader
 
 from torchboost.recipe.config import Config
+from torchboost.recipe.kinds import get_kind
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeBackbone, History, LossMonitor,
                                         ModelCheckpoint, ProgressBar, TensorBoard, TimeMonitor)
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
@@ -24,7 +25,7 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
                               save_best=t.monitor if c.save_best else None)
     callbacks: list[Callback] = [ProgressBar(None if t.progress_bar else False),
                                  LossMonitor(t.log_every, show_accuracy=t.per_batch_accuracy), TimeMonitor(),
-                                 DataStarvationMonitor(loader=train_loader)]
+                                 DataStarvationMonitor(loader=train_loader, decodes=not get_kind(cfg.data.dataset).in_memory)]
     if t.early_stopping_patience or t.restore_best:  # restore_best alone: patience None watches, never stops
         callbacks.append(EarlyStopping(monitor=t.monitor, patience=t.early_stopping_patience,
                                        restore_best=t.restore_best))

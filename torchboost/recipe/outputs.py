@@ -3,7 +3,7 @@
 A new run refuses a folder that holds another run's files unless it resumes (`--resume`) or is told to
 replace them (`--overwrite`): keep-newest-N pruning, the history and config.yaml of the old run would
 otherwise be lost without a word. The lock is an `fcntl.flock` on OUTPUT/.lock, released by the kernel
-when the process dies, so a killed run never leaves a stale lock behind.
+when the process dies, so a killed run never leaves a stale lock behind; a run that ends removes the file.
 """
 
 from __future__ import annotations
@@ -58,26 +58,51 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Opti
     check_output(out, resume, overwrite, prefix)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / ".lock", "a+")
     except OSError as e:
         raise OutputError(f"cannot create output folder {out}: {e.strerror}", "choose a writable --output") from None
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _lock_owner(lock)
-            raise ConfigError(f"output folder {out} is in use by a live run ({owner})",
-                              "wait for it to finish or choose another --output") from None
+    with _take_lock(out / ".lock") as lock:
         lock.seek(0)
         lock.truncate()
         lock.write(f"pid {os.getpid()}\n")  # first, so a run refused meanwhile can name us
         lock.flush()
-        # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
-        # its files behind — they are another run's now, not ours to overwrite.
-        check_output(out, resume, overwrite, prefix)
-        if overwrite and not resume:
-            remove_run(out)
-        yield
+        try:
+            # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
+            # its files behind — they are another run's now, not ours to overwrite.
+            check_output(out, resume, overwrite, prefix)
+            if overwrite and not resume:
+                remove_run(out)
+            yield
+        finally:
+            # Removed while still held, so a finished run leaves no .lock behind; a run that opened the
+            # old file meanwhile sees it is gone once it gets the lock (see _take_lock) and locks anew.
+            with contextlib.suppress(OSError):
+                (out / ".lock").unlink()
+
+
+@contextlib.contextmanager
+def _take_lock(path: Path) -> Iterator[IO[str]]:
+    """`path` opened and flock'ed, and still the file at `path` (not one a finishing run just unlinked)."""
+    for _ in range(100):
+        try:
+            lock = open(path, "a+")
+        except OSError as e:
+            raise OutputError(f"cannot create {path}: {e.strerror}", "choose a writable --output") from None
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _lock_owner(lock)
+                raise ConfigError(f"output folder {path.parent} is in use by a live run ({owner})",
+                                  "wait for it to finish or choose another --output") from None
+            try:
+                current = os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield lock
+                return
+    raise OutputError(f"could not lock {path}: it is removed and recreated continually",
+                      "make sure only torchboost runs write to this --output")
 
 
 def _lock_owner(lock: IO[str]) -> str:

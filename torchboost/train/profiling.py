@@ -8,6 +8,8 @@ the GPU before reading the clock, so asynchronous kernels are not misread as dat
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,7 +22,8 @@ from torchboost.train.state import Callback, TrainState
 
 class ProfilerCallback(Callback):
     """Profile updates wait+warmup .. wait+warmup+active-1 (one cycle), write the trace to `directory`
-    (`tensorboard --logdir DIR`, or open the `.pt.trace.json` in Perfetto) and print the top operators.
+    (open the `.pt.trace.json` in Perfetto, or `tensorboard --logdir DIR` with the torch-tb-profiler plugin)
+    and print the top operators.
 
     The profiler is stopped as soon as the cycle is saved, so the rest of training runs without its
     overhead. Each rank writes its own trace file (named host_pid)."""
@@ -79,24 +82,43 @@ class ProfilerCallback(Callback):
                       "(train longer or lower wait/warmup/active)")
             return
         state.log(f"profiler: {self._recorded()} updates traced into {self.directory} "
-                  f"(view: tensorboard --logdir {self.directory})\n{self.table}")
+                  f"(view: {trace_viewer(self.directory)})\n{self.table}")
 
 
-def starvation_advice(loader: Any = None) -> list[str]:
-    """What to change, specific to `loader` when it is a DataLoader."""
+def trace_viewer(directory: Path) -> str:
+    """How to open the trace with what is installed: TensorBoard shows it only through its profiler plugin."""
+    if importlib.util.find_spec("torch_tb_profiler") is not None:
+        return f"tensorboard --logdir {directory}"
+    return "open the .pt.trace.json in https://ui.perfetto.dev or chrome://tracing"
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def starvation_advice(loader: Any = None, decodes: Optional[bool] = None) -> list[str]:
+    """What to change, specific to `loader` when it is a DataLoader. `decodes`: whether samples are decoded
+    from image files (False for in-memory sets, where decode advice would mislead; None: not known)."""
     workers = getattr(loader, "num_workers", None)
-    cuda = torch.cuda.is_available()
+    cuda, cores = torch.cuda.is_available(), usable_cores()
     if workers is None:
         tips = ["more loader workers (data.workers)", "persistent workers"]
         tips += ["pinned memory (data.pin_memory=true)"] if cuda else []
     else:
-        tips = [f"more loader workers (data.workers={workers} now; try the number of CPU cores)" if workers
-                else "load in background processes: data.workers=N (e.g. the number of CPU cores)"]
+        if workers == 0:
+            tips = [f"load in background processes: data.workers=N (this machine has {cores} cores)"]
+        elif workers < cores:
+            tips = [f"more loader workers (data.workers={workers} now, {cores} cores)"]
+        else:  # more workers than cores only adds contention with the training step
+            tips = [f"the {workers} loader workers already match the {cores} cores and compete with the training "
+                    "step: lighter augmentation or more cores"]
         if workers and not getattr(loader, "persistent_workers", False):
             tips.append("persistent workers (no restart cost each epoch)")
         if cuda and not getattr(loader, "pin_memory", False):
             tips.append("pinned memory (data.pin_memory=true) for asynchronous host-to-GPU copies")
-    tips.append("decode less: a smaller decode size (JPEG draft mode, lower data.image_size) or pre-resized images")
+    if decodes is not False:
+        tips.append("decode less: a smaller decode size (JPEG draft mode, lower data.image_size) or pre-resized images")
     return tips
 
 
@@ -112,8 +134,8 @@ class DataStarvationMonitor(Callback):
     _SUMS = ("data", "step", "n", "judged_data", "judged_step", "judged_n")  # what a checkpoint carries
 
     def __init__(self, threshold: float = 0.05, loader: Any = None, check_after: int = 20,
-                 warmup_steps: int = 1) -> None:
-        self.threshold, self.loader = threshold, loader
+                 warmup_steps: int = 1, decodes: Optional[bool] = None) -> None:
+        self.threshold, self.loader, self.decodes = threshold, loader, decodes
         self.check_after, self.warmup_steps = check_after, warmup_steps
         self.warning: Optional[str] = None  # the warning this process printed
         self.warned = False
@@ -167,6 +189,6 @@ class DataStarvationMonitor(Callback):
         data_ms, step_ms = 1000 * self.judged_data / self.judged_n, 1000 * self.judged_step / self.judged_n
         self.warning = (f"warning: training waits for data: {data_ms:.1f} ms of each {step_ms:.1f} ms update "
                         f"({100 * share:.0f}% > {100 * self.threshold:.0f}%) over {self.judged_n} updates. "
-                        f"Try: {'; '.join(starvation_advice(self.loader))}")
+                        f"Try: {'; '.join(starvation_advice(self.loader, self.decodes))}")
         self.warned = True
         state.log(self.warning)
