@@ -13,6 +13,8 @@ from PIL import Image
 from torchboost.cli import main
 from torchboost.data.export import export_folder
 from torchboost.recipe.load import load_config, load_resolved
+from torchboost.recipe.build import effective_lr
+from torchboost.recipe.resolve import fit_batch
 from torchboost.recipe.run import describe_run, warnings_for
 
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
@@ -79,8 +81,10 @@ def test_mnist_as_pngs_trains_like_the_builtin_set(tmp_path, capsys):
 
 def test_resnet_recipe_on_a_small_folder(tmp_path, capsys, monkeypatch):
     root = rgb_folder(tmp_path / "imgs")
-    err = one_line(capsys, main(["train", "-c", "resnet50-imagenet-sgd", "--data", str(root), "-o", str(tmp_path / "r")]))
-    assert "data.batch_size=256 is larger than the 12 training images" in err  # not a warmup error
+    cfg, train, evalset = load_resolved("resnet50-imagenet-sgd", [f"data.path={root}"])
+    fitted, note = fit_batch(cfg, len(train), 1)  # the batch of 256 becomes the 12 images, and lr follows it
+    assert note == "data.batch_size=256 is larger than the 12 training images there are: each epoch is one batch of 12"
+    assert fitted.data.batch_size == 12 and effective_lr(fitted, 1) == pytest.approx(0.256 * 12 / 256)
     cfg, train, evalset = load_resolved("resnet50-imagenet-sgd", [f"data.path={root}", "data.batch_size=4"])
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     monkeypatch.setattr("torchboost.recipe.run.cpu_has_bf16", lambda: False)

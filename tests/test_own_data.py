@@ -8,11 +8,15 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from PIL import Image
 
 from torchboost.cli import main
 from torchboost.data.folder import ImageFolder
+from torchboost.errors import DataError
+from torchboost.recipe.config import build_config
+from torchboost.recipe.resolve import fit_batch
 
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000", "--epochs", "1"]
 
@@ -148,3 +152,24 @@ def test_fp16_autocast_on_cpu_is_warned_about():
     assert any("fp16 autocast on CPU" in n for n in warnings_for(cfg, torch.device("cpu"), 1))
     bf16 = build_config({"train": {"amp_level": "O3", "amp_dtype": "bfloat16"}})
     assert not any("fp16" in n for n in warnings_for(bf16, torch.device("cpu"), 1))
+
+
+def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):
+    data = make_folder(tmp_path / "d")  # 18 training images; the default batch is 64
+    assert main(["train", "--data", str(data), *QUIET, "--epochs", "2", "-o", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "note: data.batch_size=64 is larger than the 18 training images there are: each epoch is one batch of 18" in out
+    assert yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())["data"]["batch_size"] == 18
+    # one update per epoch: checkpoints are named PREFIX-EPOCH_STEP
+    assert sorted(p.name for p in (tmp_path / "o" / "ckpt").glob("*-?_*.pt")) == ["mnist_cnn-1_1.pt", "mnist_cnn-2_1.pt"]
+    assert main(["train", "--resume", str(tmp_path / "o"), *QUIET, "--epochs", "3"]) == 0  # the recorded batch resumes
+    assert (tmp_path / "o" / "ckpt" / "mnist_cnn-3_1.pt").is_file()
+
+
+def test_fewer_than_two_images_per_process_is_refused():
+    cfg = build_config()
+    assert fit_batch(cfg, 64, 1) == (cfg, None)  # a full batch: unchanged, drop_last does the rest
+    with pytest.raises(DataError, match="3 training image\\(s\\) for 2 process\\(es\\): each process needs at least 2"):
+        fit_batch(cfg, 3, 2)
+    fitted, note = fit_batch(cfg, 40, 2)
+    assert fitted.data.batch_size == 20 and "larger than the 20 training images of each process" in note

@@ -52,3 +52,20 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     optim = dataclasses.replace(cfg.optim, momentum=entry.momentum if cfg.optim.momentum is None else cfg.optim.momentum,
                                 nesterov=entry.nesterov if cfg.optim.nesterov is None else cfg.optim.nesterov)
     return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)
+
+
+def fit_batch(cfg: Config, images: int, world_size: int) -> tuple[Config, str | None]:
+    """The training batch rule: each epoch drops its last partial batch, so every update averages a full
+    batch (as the reference recipes do), unless the batch is larger than a process's share of the images:
+    then each epoch is one batch of that share, and the returned note says so (data.batch_size is recorded
+    as what ran, so lr scaling and a resume agree). Fewer than 2 images per process is an error: BatchNorm
+    cannot normalise one."""
+    per_rank = images // world_size
+    if per_rank < 2:
+        raise DataError(f"{images} training image(s) for {world_size} process(es): each process needs at least 2",
+                        "add training images or launch fewer processes")
+    if cfg.data.batch_size <= per_rank:
+        return cfg, None
+    note = (f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training images "
+            f"{'of each process' if world_size > 1 else 'there are'}: each epoch is one batch of {per_rank}")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=per_rank)), note

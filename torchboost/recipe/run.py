@@ -31,7 +31,7 @@ from torchboost.recipe.data import load_data
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
-from torchboost.recipe.resolve import resolve
+from torchboost.recipe.resolve import fit_batch, resolve
 from torchboost.recipe.validate import validate
 from torchboost.seed import seed_everything
 from torchboost.train.checkpoint import load_backbone, load_checkpoint
@@ -87,7 +87,9 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     data_cfg, train_ds, eval_ds = load_data(cfg)
     plan = boost_plan(cfg, info.world_size)
-    run_cfg = resolve(cfg, data_cfg, train_ds, plan)
+    run_cfg, batch_note = fit_batch(resolve(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size)
+    if batch_note:
+        log(f"note: {batch_note}")
     train_loader, eval_loader = build_loaders(run_cfg, train_ds, eval_ds, info, device)
     dist.agree({**flatten(run_cfg.to_dict()), "training images": len(train_ds), "evaluation images": len(eval_ds)})
     steps_per_epoch = math.ceil(len(train_loader) / run_cfg.train.accumulation_steps)
@@ -160,13 +162,9 @@ def build_loaders(cfg: Config, train_ds, eval_ds, info: dist.DistInfo, device: t
                   ) -> tuple[DataLoader, DataLoader]:
     kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
               seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
-    train_loader = build_loader(train_ds, cfg.data.batch_size, True, **kw)
-    if len(train_loader) == 0:
-        per_rank = len(train_ds) // info.world_size
-        raise DataError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training images "
-                        f"of each of the {info.world_size} process(es): an epoch would have no update",
-                        f"lower data.batch_size to at most {max(per_rank, 1)}")
-    return train_loader, build_loader(eval_ds, cfg.data.eval_batch_size, False, **kw)
+    # recipe.resolve.fit_batch made the batch fit: every epoch has at least one update
+    return build_loader(train_ds, cfg.data.batch_size, True, **kw), build_loader(eval_ds, cfg.data.eval_batch_size,
+                                                                                 False, **kw)
 
 
 def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, steps_per_epoch: int,
