@@ -96,19 +96,23 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     for note in warnings_for(run_cfg, device, info.world_size):
         log(f"warning: {note}")
 
+    ckpt = None
+    if resume:  # read once, checked before the output folder is touched, restored by Model
+        ckpt = load_checkpoint(resume, map_location=device)
+        check_same_run(ckpt, resume, run_cfg)
+        check_same_world(ckpt, resume, run_cfg, info.world_size)
+        check_classes_unchanged(ckpt, resume, list(train_ds.classes))
+        done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
+        if done >= run_cfg.train.epochs:
+            raise ConfigError(f"{resume} has already trained {done} epoch(s) and train.epochs={run_cfg.train.epochs}: "
+                              "there is nothing left to train", "give more epochs to continue (--epochs N)")
     with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix):
         before, previous = snapshot(out), read_manifest(out) if resume else {}
         net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
-        model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes)}
-        if resume:
-            ckpt = load_checkpoint(resume, map_location=device)  # read once: checked here, restored by Model
-            check_same_run(ckpt, resume, run_cfg)
-            check_classes_unchanged(ckpt, resume, list(train_ds.classes))
-            done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
-            if done >= run_cfg.train.epochs:
-                raise ConfigError(f"{resume} has already trained {done} epoch(s) and train.epochs={run_cfg.train.epochs}: "
-                                  "there is nothing left to train", "give more epochs to continue (--epochs N)")
+        model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes),
+                             "world_size": info.world_size}
+        if ckpt is not None:
             model.load_checkpoint(resume, ckpt=ckpt)
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
@@ -149,6 +153,19 @@ def check_same_run(ckpt: dict, path: str, cfg: Config) -> None:
         was, now = saved.get(section, {}).get(key), getattr(getattr(cfg, section), key)
         if was is not None and was != now:
             raise CheckpointError(f"{path} was trained with {section}.{key}={was}, this run has {now}", fix)
+
+
+def check_same_world(ckpt: dict, path: str, cfg: Config, world_size: int) -> None:
+    """A run continues on as many processes as it was trained with: the data order (each process's share of
+    the epoch's permutation), the global batch, the learning rate derived from it and the number of updates per
+    epoch all depend on the process count, so another count would silently train a different run."""
+    saved = ckpt.get("world_size")
+    if not isinstance(saved, int) or saved == world_size:
+        return  # checkpoints written before the count was recorded say nothing either way
+    raise ConfigError(f"{path} was trained with {saved} process(es), this run has {world_size} (the data order, the "
+                      f"global batch of {global_batch(cfg, saved)} and its learning rate depend on the count)",
+                      f"resume it with {saved} process(es) (torchrun --nnodes x --nproc_per_node = {saved}), or start "
+                      f"a new run from its weights with --set train.init_weights={path}")
 
 
 def boost_plan(cfg: Config, world_size: int) -> BoostPlan | None:
