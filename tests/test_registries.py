@@ -200,6 +200,11 @@ def _tiny_source(kind: str, root: Path) -> Path:
             folder = root / split / str(label)
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).save(folder / f"{i}.png")
+    if DATA_KINDS[kind].streamed:
+        from torchboost.data import export_shards
+
+        export_shards(root, root / "shards", shard_size=8)
+        return root / "shards"
     return root
 
 

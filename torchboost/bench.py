@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from .data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, train_transform
+from .data import (IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, set_epoch,
+                   train_transform)
 from .data.folder import MAX_SIDE
 from .data.synthetic import MEMORY_SHARE, physical_memory
 from .errors import ConfigError, DataError
@@ -182,7 +183,7 @@ def folder_dataset(opts: BenchOptions) -> ImageFolder:
 
 def _cycle(loader: Any) -> Iterator:
     for epoch in itertools.count():  # small folders: keep going over epochs (persistent workers stay up)
-        loader.sampler.set_epoch(epoch)
+        set_epoch(loader, epoch)
         yield from loader
 
 

@@ -139,6 +139,22 @@ def _cmd_export_folder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_shards(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .data.export import export_shards
+    from .errors import OutputError
+
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise OutputError(f"OUT {args.out} is a file, not a folder", "choose a folder path")
+    index = export_shards(args.source, args.out, args.shard_size)
+    for name, split in index.splits.items():
+        print(f"{name}: {sum(split.lengths)} images, {len(split.classes)} classes in {len(split.filenames)} shard(s)")
+    print(f"wrote shards and their index to {args.out}; train on them with "
+          f"--set data.dataset=shards --set data.path={args.out}")
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .migrate.convert import convert
 
@@ -320,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
     x.add_argument("--out", required=True, help="folder to write OUT/train/<class>/*.png and OUT/test/")
     x.set_defaults(func=_cmd_export_folder)
+
+    xs = sub.add_parser("export-shards", help="write an image folder as WebDataset tar shards (for data.dataset=shards)")
+    xs.add_argument("source", metavar="FOLDER", help="image folder with train/ and val/ (or test/), one sub-folder per class")
+    xs.add_argument("out", help="folder for OUT/{split}-000000.tar ... and the index OUT/_info.json")
+    xs.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
+    xs.set_defaults(func=_cmd_export_shards)
 
     c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
                        ".pt/.pth and .safetensors; prints the create_model call of the matching torch network")

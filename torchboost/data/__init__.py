@@ -7,10 +7,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from torchboost.data.builtin import load_builtin
-from torchboost.data.export import export_folder
+from torchboost.data.export import export_folder, export_shards
 from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
-from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
+from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, set_epoch
+from torchboost.data.shards import ShardDataset, ShardLoader, open_shards, shard_loader
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset, passthrough_collate
 from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, EvalTransform, FlipTransform,
@@ -18,7 +19,8 @@ from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, E
                                         normalize_batch, train_transform)
 
 __all__ = [
-    "build_loader", "read_image", "load_builtin", "export_folder", "ImageFolder", "sample_folder",
+    "build_loader", "read_image", "load_builtin", "export_folder", "export_shards", "ShardDataset", "ShardLoader",
+    "open_shards", "set_epoch", "ImageFolder", "sample_folder",
     "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
     "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
@@ -31,9 +33,14 @@ def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int
                  prefetch_factor: int = 2) -> DataLoader:
     """DataLoader over this rank's shard. Training: shuffled per epoch, drop_last (global and per batch);
     evaluation: in order, every sample once across ranks. Each new iteration is the next epoch;
-    `loader.sampler.set_epoch(epoch, skip)` selects one explicitly (resume). Worker processes'
+    `set_epoch(loader, epoch, skip)` selects one explicitly (resume). Worker processes'
     python/numpy/torch RNGs are seeded by torch from the loader's generator (seeded here from seed and
-    rank); augmentation uses `sample_rng`, independent of workers."""
+    rank); augmentation uses `sample_rng`, independent of workers. A ShardDataset gets a `ShardLoader`
+    (see `torchboost.data.shards` for how shards are split)."""
+    if isinstance(dataset, ShardDataset):
+        return shard_loader(dataset, batch_size, train, workers=workers, pin_memory=pin_memory, seed=seed, rank=rank,
+                            world_size=world_size, persistent_workers=persistent_workers,
+                            prefetch_factor=prefetch_factor)
     sampler = ShardSampler(len(dataset), rank, world_size, shuffle=train, seed=seed, drop_last=train)
     generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return DataLoader(

@@ -1,13 +1,19 @@
-"""Write a built-in data set as an ImageNet-style folder of real PNG files (lossless: pixels round-trip)."""
+"""Write a built-in data set as an ImageNet-style folder of real PNG files (lossless: pixels round-trip), and
+an image folder as WebDataset tar shards (the image files' bytes as they are: no re-encoding)."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 from PIL import Image
 
 from torchboost.data.builtin import load_builtin
-from torchboost.fileio import atomic_path
+from torchboost.data.folder import IMAGE_ERRORS, find_samples, open_image, sample_folder
+from torchboost.data.shardfiles import INDEX_NAME, ShardIndex, ShardSplit, index_json, read_index
+from torchboost.errors import DataError
+from torchboost.fileio import atomic_path, atomic_write
 
 
 def export_folder(name: str, out: str | Path, split: str | None = None) -> Path:
@@ -22,3 +28,52 @@ def export_folder(name: str, out: str | Path, split: str | None = None) -> Path:
             with atomic_path(out / part / data.classes[label] / f"{i:05d}.png") as tmp:
                 Image.fromarray(pixels).save(tmp, format="PNG", compress_level=1)
     return out
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    # Fixed metadata (no time, owner or mode of the source): the same folder always gives the same bytes.
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o444
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _check_image(path: str) -> None:
+    """Read the header only (cheap): a shard must not carry a file that is not an image, or too large a one."""
+    try:
+        with open_image(path):
+            pass
+    except IMAGE_ERRORS as e:
+        raise DataError(f"corrupt image {path} ({type(e).__name__}: {e})",
+                        "replace or delete it before exporting") from None
+
+
+def export_shards(folder: str | Path, out: str | Path, shard_size: int = 1000) -> ShardIndex:
+    """Write the image folder `folder` (train/ and val/ or test/, one sub-folder per class) as WebDataset tar
+    shards `out/{split}-{k:06d}.tar` of `shard_size` samples (`{i:08d}.jpg|png|...` + `{i:08d}.cls`, i the
+    image's index in the folder's order) and the index `out/_info.json`, written last, so an interrupted export
+    leaves no index. Every file is written atomically. Returns the index."""
+    folder, out = Path(folder), Path(out)
+    if shard_size < 1:
+        raise DataError(f"--shard-size {shard_size} is not a positive sample count", "use e.g. --shard-size 1000")
+    present = [name for name in ("train", "val", "test") if (folder / name).is_dir()]
+    if not present:
+        raise DataError(f"no train/, val/ or test/ folder in {folder}",
+                        "export an image-folder data set: FOLDER/train/<class>/*.jpg and FOLDER/val/<class>/")
+    splits = {}
+    for name in present:
+        classes, samples = find_samples(folder / name)
+        files, lengths = [], []
+        for k, start in enumerate(range(0, len(samples), shard_size)):
+            chunk = samples[start : start + shard_size]
+            files.append(f"{name}-{k:06d}.tar")
+            lengths.append(len(chunk))
+            with atomic_path(out / files[-1]) as tmp, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+                for i, (path, label) in enumerate(chunk, start):
+                    _check_image(path)
+                    field = Path(path).suffix.lower().lstrip(".").replace("jpeg", "jpg")  # webdataset's/timm's jpg
+                    _add(tar, f"{i:08d}.{field}", Path(path).read_bytes())
+                    _add(tar, f"{i:08d}.cls", str(label).encode())
+        splits[name] = ShardSplit(files, lengths, classes)
+    sample = sample_folder(folder / present[0])
+    atomic_write(out / INDEX_NAME, index_json(splits, sample))
+    return read_index(out)

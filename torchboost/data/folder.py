@@ -47,6 +47,13 @@ def open_image(path: str | Path) -> Iterator[Image.Image]:
         yield img
 
 
+def check_transform(transform: Callable[..., Any] | None) -> None:
+    """Refuse a transform that would resize images past MAX_SIDE pixels per side (a typo, not a plan)."""
+    if isinstance(transform, ImageTransform) and transform.max_side > MAX_SIDE:
+        raise DataError(f"the transform resizes images to {transform.max_side} px per side (limit {MAX_SIDE})",
+                        "use an image size such as 224 (and a crop_pct near 0.875)")
+
+
 def find_classes(root: str | Path) -> list[str]:
     """Sorted class folder names of an image folder; hidden folders are ignored."""
     root = Path(root)
@@ -149,9 +156,7 @@ class ImageFolder(Dataset):
 
     def __init__(self, root: str | Path, transform: Callable[..., Any] | None, skip_corrupt: bool = False,
                  drop_corrupt: bool = False) -> None:
-        if isinstance(transform, ImageTransform) and transform.max_side > MAX_SIDE:
-            raise DataError(f"the transform resizes images to {transform.max_side} px per side (limit {MAX_SIDE})",
-                            "use an image size such as 224 (and a crop_pct near 0.875)")
+        check_transform(transform)
         self.root, self.transform, self.skip_corrupt = Path(root), transform, skip_corrupt
         self.drop_corrupt = drop_corrupt  # with skip_corrupt: None instead of a substitute (evaluation)
         self.classes, self.samples = find_samples(root)

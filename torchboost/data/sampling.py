@@ -10,6 +10,7 @@ plain ints and call `sample_rng(index)` for their random draws.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +30,14 @@ class SampleIndex(int):
 
     def __reduce__(self):  # indices travel to worker processes pickled
         return SampleIndex, (int(self), self.seed, self.epoch)
+
+
+def set_epoch(loader: Any, epoch: int, skip: int = 0) -> None:
+    """Select a loader's next epoch (and the samples of it this rank already consumed): the loader's own
+    `set_epoch` (a ShardLoader) or its sampler's (a ShardSampler); no-op for loaders that have neither."""
+    target = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
+    if hasattr(target, "set_epoch"):
+        target.set_epoch(epoch, skip)
 
 
 def sample_rng(index: int) -> np.random.Generator:

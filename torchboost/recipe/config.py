@@ -48,7 +48,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     dataset: str = opt(DEFAULT_KIND, choices=tuple(list_kinds()),
-                       help="data-set kind: an image folder or a built-in set")
+                       help="data-set kind: an image folder, tar shards or a built-in set")
     path: Optional[str] = opt(None, help="the data's folder (train/ and val/ inside, or one folder per class)")
     image_size: Optional[int] = opt(None, ge=1, le=2048, help="side of the square network input; unset: "
                                                               "native size for small images, 224 for photos")
@@ -76,6 +76,11 @@ class DataConfig:
                                  help="augment=imagenet: [min, max] share of the image each crop covers")
     random_shift: int = opt(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
                                                  "the image)")
+    shuffle_buffer: int = opt(1000, ge=1, le=1_000_000, help="shards: samples each process's shuffle buffer "
+                                                                 "holds (more mixes better, costs memory)")
+    train_shards: Optional[str] = opt(None, help="shards: a brace pattern or pipe: command replacing the index's "
+                                                 "training shard files, matched by position")
+    eval_shards: Optional[str] = opt(None, help="shards: as train_shards, for the evaluation split")
 
 
 @dataclass

@@ -96,8 +96,7 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     `num_classes` only sets the label range of a kind without its own labels (synthetic)."""
     uint8 = cfg.normalize_on_device
     kind = get_kind(cfg.dataset)
-    if kind.load is None and kind.needs_path:  # an image folder, decoded per sample
-        root = _split_dir(Path(cfg.path), split)
+    if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
         if split == "train":
             _, size, mean, std = folder_geometry(cfg)
             augment = resolve_augment(cfg, model_name)
@@ -106,7 +105,10 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
                                              shift=cfg.random_shift if augment == "shift" else 0)
         else:
             transform = eval_preprocess(cfg)
-        return ImageFolder(root, transform, cfg.skip_corrupt, drop_corrupt=split != "train")
+        if kind.open_split is not None:
+            return kind.open_split(cfg, split, transform)
+        return ImageFolder(_split_dir(Path(cfg.path), split), transform, cfg.skip_corrupt,
+                           drop_corrupt=split != "train")
     if kind.load is None:  # synthetic images of drawn classes
         channels, size, _, _ = folder_geometry(cfg)
         n = cfg.synthetic_size if split == "train" else max(1, cfg.synthetic_size // 10)
@@ -130,7 +132,7 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
     if not kind.in_memory:
         channels, size = d.channels or 3, d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
         if kind.needs_path and (d.channels is None or d.image_size is None):
-            sample = sample_folder(_split_dir(Path(d.path), "train"))
+            sample = kind.sample(d) if kind.sample else sample_folder(_split_dir(Path(d.path), "train"))
             if d.channels is None:
                 channels = sample.channels
                 if sample.gray and sample.color:

@@ -19,8 +19,10 @@ from typing import Callable
 
 from torch.utils.data import Dataset
 
-from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json
+from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json, open_shards
 from torchboost.data.builtin import BUILTIN_SETS
+from torchboost.data.folder import FolderSample
+from torchboost.data.shardfiles import read_index
 from torchboost.data.transforms import AUGMENTS
 from torchboost.errors import ConfigError, suggest
 
@@ -40,6 +42,11 @@ class DataKind:
     shift: bool = True  # data.random_shift applies
     own_labels: bool = True  # False: labels are drawn, the class count comes from model.num_classes
     photos: bool = False  # `augment: auto` gives ResNets ImageNet-style crops
+    # Decoded per sample from something other than an image folder: (data config, split, transform) -> data
+    # set, and the header sample `load_data` infers channels and native size from (a folder's: sample_folder).
+    open_split: Callable[[object, str, object], Dataset] | None = None
+    sample: Callable[[object], FolderSample] | None = None
+    streamed: bool = False  # read as a stream of shards: data.shuffle_buffer / train_shards / eval_shards apply
 
 
 DATA_KINDS: dict[str, DataKind] = {}
@@ -72,6 +79,13 @@ for _name, _set in BUILTIN_SETS.items():
     register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
 register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
                   needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True))
+register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) and their _info.json index in PATH "
+                  "(written by torchboost export-shards)", None, needs_path=True, in_memory=False,
+                  augments=("auto", *AUGMENTS), photos=True, streamed=True,
+                  open_split=lambda cfg, split, transform: open_shards(
+                      cfg.path, split, transform, cfg.train_shards if split == "train" else cfg.eval_shards,
+                      cfg.shuffle_buffer),
+                  sample=lambda cfg: read_index(cfg.path).sample))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from torchboost.data import build_loader
+from torchboost.data import build_loader, set_epoch
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
@@ -104,7 +104,7 @@ class Lane:
     stopped: str = ""
 
     def train_epoch(self, epoch: int) -> float:
-        self.loader.sampler.set_epoch(epoch)
+        set_epoch(self.loader, epoch)
         batches = list(self.loader)  # fetched before the clock starts: identical for every optimizer
         self.model.train()
         loss = torch.zeros(())

@@ -72,6 +72,13 @@ def _check_data(cfg: Config) -> None:
         raise ConfigError("data.augment=shift needs data.random_shift > 0", "e.g. --set data.random_shift=2")
     if d.random_shift and not kind.shift:
         raise ConfigError(f"data.random_shift does not apply to data.dataset={d.dataset}", "drop data.random_shift")
+    if not kind.streamed and (d.train_shards or d.eval_shards):
+        raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
+                          f"use a data set read from shards ({', '.join(k for k, e in DATA_KINDS.items() if e.streamed)})"
+                          " or drop them")
+    if kind.streamed and d.skip_corrupt:
+        raise ConfigError(f"data.skip_corrupt is not supported for data.dataset={d.dataset}",
+                          "export the shards from a folder without corrupt images (export-shards checks each file)")
     cores = os.cpu_count() or 1
     if d.workers > 4 * cores:
         raise ConfigError(f"data.workers={d.workers} on a machine with {cores} CPU cores",

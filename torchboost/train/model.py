@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.sampling import set_epoch
 from ..errors import CheckpointError, ConfigError, TrainingError
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
@@ -161,9 +162,8 @@ class Model:
             if not skip_batches:  # a run resumed mid-epoch keeps the sums and time restored from the checkpoint
                 state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = 0.0, 0, 0
                 state.epoch_start = time.perf_counter()
-            sampler = getattr(train_data, "sampler", None)
-            if hasattr(sampler, "set_epoch"):  # reshuffle per epoch; skip what a resumed run already consumed
-                sampler.set_epoch(epoch, skip=skip_batches * (state.batch_size or 1))
+            # reshuffle per epoch; skip what a resumed run already consumed
+            set_epoch(train_data, epoch, skip=skip_batches * (state.batch_size or 1))
             for cb in callbacks:
                 cb.on_train_epoch_begin(state)
             self.network.train()
