@@ -90,10 +90,8 @@ class ShardDataset(IterableDataset):
         Training (drop_last) refuses fewer shards than ranks: a rank would have nothing to train on."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        if drop_last and len(self.shards) < world_size:
-            raise DataError(f"{len(self.shards)} training shard(s) for {world_size} processes: each process reads "
-                            "whole shards", f"write at least {world_size} shards (export-shards --shard-size "
-                            f"{max(1, len(self) // world_size)})")
+        if drop_last:
+            self.share(world_size)  # refuses too few shards
         part = copy.copy(self)
         part.rank, part.world_size, part.seed, part.shuffle = rank, world_size, seed, shuffle
         part.batch_size, part.drop_last = batch_size, drop_last
@@ -115,12 +113,20 @@ class ShardDataset(IterableDataset):
         order = np.random.default_rng((self.seed, epoch)).permutation(n) if self.shuffle else np.arange(n)
         return order[self.rank :: self.world_size].tolist()
 
+    def share(self, world_size: int) -> int:
+        """Training samples every one of `world_size` processes reads per epoch (before whole batches): the
+        sum of the n // world_size smallest shard lengths. Fewer shards than processes is refused."""
+        if len(self.shards) < world_size:
+            raise DataError(f"{len(self.shards)} training shard(s) for {world_size} processes: each process reads "
+                            "whole shards", f"write at least {world_size} shards (export-shards --shard-size "
+                            f"{max(1, len(self) // world_size)})")
+        return sum(sorted(self.lengths)[: len(self.shards) // world_size])
+
     @property
     def num_samples(self) -> int:
         """Samples this rank yields in a whole epoch (see the module docstring)."""
         if self.drop_last:
-            smallest = sum(sorted(self.lengths)[: len(self.shards) // self.world_size])
-            return smallest // self.batch_size * self.batch_size
+            return self.share(self.world_size) // self.batch_size * self.batch_size
         return sum(self.lengths[i] for i in self.rank_shards(0))
 
     def __len__(self) -> int:

@@ -54,13 +54,14 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)
 
 
-def fit_batch(cfg: Config, images: int, world_size: int) -> tuple[Config, str | None]:
+def fit_batch(cfg: Config, images: int, world_size: int, per_rank: int | None = None) -> tuple[Config, str | None]:
     """The training batch rule: each epoch drops its last partial batch, so every update averages a full
     batch (as the reference recipes do), unless the batch is larger than a process's share of the images:
     then each epoch is one batch of that share, and the returned note says so (data.batch_size is recorded
     as what ran, so lr scaling and a resume agree). Fewer than 2 images per process is an error: BatchNorm
-    cannot normalise one."""
-    per_rank = images // world_size
+    cannot normalise one. `per_rank`: a process's share when the data set decides it (shards are read whole
+    by one process each: `ShardDataset.share`); else images // world_size."""
+    per_rank = images // world_size if per_rank is None else per_rank
     if per_rank < 2:
         raise DataError(f"{images} training image(s) for {world_size} process(es): each process needs at least 2",
                         "add training images or launch fewer processes")

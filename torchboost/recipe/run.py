@@ -87,9 +87,14 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     data_cfg, train_ds, eval_ds = load_data(cfg)
     plan = boost_plan(cfg, info.world_size)
-    run_cfg, batch_note = fit_batch(resolve(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size)
+    share = train_ds.share(info.world_size) if hasattr(train_ds, "share") else None  # shards: whole shards per rank
+    run_cfg, batch_note = fit_batch(resolve(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
     if batch_note:
         log(f"note: {batch_note}")
+    if share is not None and share * info.world_size < len(train_ds):
+        log(f"note: {len(train_ds) - share * info.world_size} of {len(train_ds)} training images sit out each epoch "
+            f"(which ones changes per epoch): each of the {info.world_size} process(es) reads whole shards and all "
+            "take the same count; shards of equal size, a multiple of the process count, use every image")
     train_loader, eval_loader = build_loaders(run_cfg, train_ds, eval_ds, info, device)
     dist.agree({**flatten(run_cfg.to_dict()), "training images": len(train_ds), "evaluation images": len(eval_ds)})
     steps_per_epoch = math.ceil(len(train_loader) / run_cfg.train.accumulation_steps)
