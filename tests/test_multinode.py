@@ -1,6 +1,6 @@
 """Two torchrun agents on 127.0.0.1 with c10d rendezvous (the multi-node launch, one process per "node"):
 they train, checkpoint and evaluate together, and every rank's worklog names its node and rank. A node
-that never arrives ends the job within the rendezvous timeout, not never."""
+that never arrives ends a `torchboost launch` job after dist.timeout_s with one line."""
 
 from __future__ import annotations
 
@@ -47,11 +47,37 @@ def test_two_agents_train_checkpoint_and_evaluate_together(tmp_path):
         assert f" rank{rank} " in first and f"{socket.gethostname()} node" in first
 
 
+def launch(port: int, out: Path, nnodes: int, nproc: int, *train: str) -> subprocess.Popen:
+    """`torchboost launch`: the agent in torchboost's own process, its join timeout = dist.timeout_s."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    cmd = [sys.executable, "-m", "torchboost", "launch", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}", *TRAIN[2:], *train, "-o", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_a_node_that_never_arrives_ends_the_job(tmp_path):
-    lonely = agent(free_port(), tmp_path / "out", "--rdzv-conf=join_timeout=15")
-    out = lonely.communicate(timeout=300)[0]  # the bound against a hang: well past the 15 s join timeout
-    assert lonely.returncode != 0
-    assert "RendezvousTimeoutError" in out or "timed out" in out.lower()
-    assert not (tmp_path / "out" / "ckpt").exists()  # nothing trained, nothing written
+def test_two_launched_nodes_of_two_processes_each_train_and_every_worklog_names_its_node_and_rank(tmp_path):
+    port = free_port()
+    nodes = [launch(port, tmp_path / "out", 2, 2, "--set", "data.batch_size=16") for _ in range(2)]
+    outs = [n.communicate(timeout=600) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[1][-2000:] for o in outs)
+    final = [o for o, _ in outs if "final: top-1" in o]
+    assert len(final) == 1 and "4 process(es)" in final[0] and "val_samples=360" in final[0]
+    assert list((tmp_path / "out" / "ckpt").glob("mnist_cnn-1_*.pt"))
+    for rank in range(4):  # torchrun numbers ranks node by node: node n holds ranks 2n and 2n + 1
+        first = (tmp_path / "out" / "log" / f"worklog.{rank}").read_text().splitlines()[0]
+        assert f" {socket.gethostname()} node{rank // 2} rank{rank} " in first, first
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_node_that_never_arrives_ends_the_job_after_dist_timeout_s_with_one_line(tmp_path):
+    lonely = launch(free_port(), tmp_path / "out", 2, 1, "--set", "dist.timeout_s=10")
+    out, err = lonely.communicate(timeout=300)  # the bound against a hang: far below torchrun's 600 s default
+    assert lonely.returncode == 2
+    assert err.splitlines() == ["error: not every node joined the rendezvous at 127.0.0.1:"
+                                f"{lonely.args[lonely.args.index('--rdzv-endpoint') + 1].split(':')[1]} within 10 s "
+                                "(dist.timeout_s): 2 node(s) expected — start the same command on every node (--nnodes "
+                                "counts them), check that the endpoint is reachable from each, or raise dist.timeout_s"]
+    assert out == "" and not (tmp_path / "out").exists()  # nothing trained, nothing written

@@ -29,32 +29,40 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from .recipe.config import build_config, dump_config, read_yaml, resolve_recipe
+def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
+    """(config, output folder, overwrite, checkpoint to resume or None) for `train`'s arguments."""
+    from .recipe.config import build_config, read_yaml, resolve_recipe
     from .recipe.kinds import FOLDER, get_kind
     from .errors import ConfigError
     from .recipe.load import load_config
     from .recipe.resume import AUTO, plan_resume, restarted_by_torchrun
-    from .recipe.run import output_dir, train_from_config
 
     overrides = train_overrides(args)
     if args.data:
         dataset = build_config(read_yaml(resolve_recipe(args.config)), overrides).data.dataset
         if not get_kind(dataset).needs_path:
             # A built-in data set reads no path: --data means "train on my image folder instead".
-            print(f"note: --data {args.data}: training on that image folder (data.dataset={FOLDER}) instead of the "
-                  f"recipe's built-in {dataset}")
+            log(f"note: --data {args.data}: training on that image folder (data.dataset={FOLDER}) instead of the "
+                f"recipe's built-in {dataset}")
             overrides.append(f"data.dataset={FOLDER}")
         overrides.append(f"data.path={args.data}")
     if args.output is not None and not args.output.strip():
         raise ConfigError("-o/--output is empty", "give a folder, or leave -o out for runs/<recipe name>")
-    resume = args.resume if args.resume is not None else AUTO if restarted_by_torchrun() else None
-    if resume:  # the run's own folder and recorded config (+ --set), see recipe.resume
-        plan = plan_resume(resume, args.config, overrides, args.output, args.overwrite, args.force)
-        cfg, output, overwrite = plan.config, str(plan.output), plan.overwrite
-        resume = str(plan.checkpoint) if plan.checkpoint else None
-    else:
-        cfg, output, overwrite = load_config(args.config, overrides), args.output, args.overwrite
+    restarted = args.resume is None and restarted_by_torchrun()
+    resume = AUTO if restarted else args.resume
+    overwrite = args.overwrite and not restarted  # the first attempt replaced the old run; restarts continue it
+    if not resume:
+        return load_config(args.config, overrides), args.output, overwrite, None
+    # the run's own folder and recorded config (+ --set), see recipe.resume
+    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, log)
+    return plan.config, str(plan.output), plan.overwrite, str(plan.checkpoint) if plan.checkpoint else None
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .recipe.config import dump_config
+    from .recipe.run import output_dir, train_from_config
+
+    cfg, output, overwrite, resume = _train_plan(args)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
@@ -68,6 +76,37 @@ def _cmd_train(args: argparse.Namespace) -> int:
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
         print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from .dist.agent import run_agent
+    from .errors import ConfigError
+    from .recipe.run import check_epochs_left
+    from .train.checkpoint import load_checkpoint
+
+    if args.train[:1] != ["train"]:
+        raise ConfigError("torchboost launch runs `train ...` on every process",
+                          "end the command with train and its arguments: torchboost launch --nproc-per-node 2 "
+                          "train -c RECIPE")
+    if args.nproc_per_node < 1 or args.max_restarts < 0:
+        raise ConfigError(f"--nproc-per-node {args.nproc_per_node} --max-restarts {args.max_restarts}",
+                          "use at least 1 process per node and 0 or more restarts")
+    if args.nnodes != "1" and args.rdzv_endpoint is None:
+        raise ConfigError(f"--nnodes {args.nnodes} needs the rendezvous address", "add --rdzv-endpoint HOST:PORT "
+                          "(one node's address, the same on every node)")
+    train = build_parser().parse_args(args.train)
+    command = list(args.train)
+    if train.resume is None and not train.overwrite:  # the same command, run again, continues the run
+        command += ["--resume", "auto"]
+        train.resume = "auto"
+    # what every process will do, checked once here: a run that cannot start is refused before any process
+    # starts (torchrun would restart its failing processes --max-restarts times for nothing)
+    cfg, _, _, resume = _train_plan(train, log=lambda _: None)
+    if resume:
+        check_epochs_left(load_checkpoint(resume), resume, cfg.train.epochs)
+    run_agent(command, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
+              rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, join_timeout_s=cfg.dist.timeout_s)
     return 0
 
 
@@ -300,6 +339,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--profile", nargs="?", const="", default=None, metavar="DIR",
                    help="record a few steps with torch.profiler (TensorBoard trace; default OUTPUT/profile)")
     t.set_defaults(func=_cmd_train)
+
+    la = sub.add_parser("launch", help="train on several processes and machines under torchrun's agent: restarts "
+                                        "resume by themselves, a node that never arrives ends the job after "
+                                        "dist.timeout_s with one line")
+    la.add_argument("--nnodes", default="1", help="machines in the job: N, or MIN:MAX for an elastic job")
+    la.add_argument("--nproc-per-node", type=int, default=1, help="training processes on this machine")
+    la.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the machines meet (one of them, the same "
+                                                                 "on all); unset: this machine alone")
+    la.add_argument("--rdzv-id", default="torchboost", help="the job's name at the endpoint (the same on all)")
+    la.add_argument("--max-restarts", type=int, default=0, help="restart the processes this many times after a "
+                                                                "failure; each restart resumes from the newest checkpoint")
+    la.add_argument("train", nargs=argparse.REMAINDER, help="train and its arguments, as for torchboost train "
+                                                            "(--resume auto is added unless --resume/--overwrite is given)")
+    la.set_defaults(func=_cmd_launch)
 
     e = sub.add_parser("eval", help="evaluate a checkpoint (top-1/top-5/loss)")
     e.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights (.pt/.safetensors) "

@@ -107,10 +107,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         check_same_run(ckpt, resume, run_cfg)
         check_same_world(ckpt, resume, run_cfg, info.world_size)
         check_classes_unchanged(ckpt, resume, list(train_ds.classes))
-        done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
-        if done >= run_cfg.train.epochs:
-            raise ConfigError(f"{resume} has already trained {done} epoch(s) and train.epochs={run_cfg.train.epochs}: "
-                              "there is nothing left to train", "give more epochs to continue (--epochs N)")
+        check_epochs_left(ckpt, resume, run_cfg.train.epochs)
     with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix):
         before, previous = snapshot(out), read_manifest(out) if resume else {}
         net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
@@ -158,6 +155,13 @@ def check_same_run(ckpt: dict, path: str, cfg: Config) -> None:
         was, now = saved.get(section, {}).get(key), getattr(getattr(cfg, section), key)
         if was is not None and was != now:
             raise CheckpointError(f"{path} was trained with {section}.{key}={was}, this run has {now}", fix)
+
+
+def check_epochs_left(ckpt: dict, path: str, epochs: int) -> None:
+    done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
+    if done >= epochs:
+        raise ConfigError(f"{path} has already trained {done} epoch(s) and train.epochs={epochs}: there is nothing "
+                          "left to train", "give more epochs to continue (--epochs N)")
 
 
 def check_same_world(ckpt: dict, path: str, cfg: Config, world_size: int) -> None:
