@@ -1,7 +1,8 @@
 """THOR, MindSpore's second-order optimizer, as a torch.optim.Optimizer.
 
 One concern per module: `factors` captures layer inputs/output gradients (hooks), `inverse` builds the
-damped block-split inverses, `layer` holds one preconditioned layer's state, `distributed` averages
+damped block-split inverses, `layer` holds one preconditioned layer's state, `unitwise` the BatchNorm
+scale/shift 2x2 Fisher blocks (option `batchnorm="unit_wise"`), `distributed` averages
 factors and shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `args`
 validates the options (`check_thor_options`), `preconditioner` is the curvature applied to `.grad` before
 any optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum update built on it, and `wrap` puts

@@ -85,6 +85,13 @@ class ThorOptions:
                                                          "refresh; unset: the whole batch")
     split_indices: Optional[list[int]] = opt(None, ge=0, help="multi-process: layer indices where the "
                                                               "inverses' all-reduce groups split")
+    kl_clip: Optional[float] = opt(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
+                                                    "scale every preconditioned gradient by min(1, sqrt(kl_clip "
+                                                    "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
+    batchnorm: str = opt("sgd", choices=("sgd", "unit_wise"), help="BatchNorm scale and shift: sgd = left as "
+                                                                   "they are; unit_wise = each channel's (scale, "
+                                                                   "shift) gradient times its damped 2x2 Fisher "
+                                                                   "inverse")
 
 
 @dataclass

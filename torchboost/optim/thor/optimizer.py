@@ -7,7 +7,8 @@ Usage in a plain loop (no model conversion):
 
 Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor
 pair per group, the natural block-diagonal structure of a grouped conv) and Linear weight is
-preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); biases, BatchNorm, Conv1d/3d and
+preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); with `batchnorm="unit_wise"` each
+BatchNorm channel's (scale, shift) gradient by its damped 2x2 Fisher inverse; biases, Conv1d/3d and
 everything else get plain momentum SGD. Then g += weight_decay * w; v = momentum * v + g; w -= lr * v.
 
 A module called several times per forward pools the statistics of all calls (T counts the positions of
@@ -71,9 +72,10 @@ class THOR(ScalerThroughPreconditioner, torch.optim.Optimizer):
         loss = evaluate_closure(closure)
         k = self.update_index
         damping = self.preconditioner.current_damping(self.param_groups[0]["damping"])
-        self.preconditioner.step(damping)
-        for group in self.param_groups:
-            group["lr"], group["damping"] = self._lr(k, group["lr"]), damping
+        lrs = [self._lr(k, group["lr"]) for group in self.param_groups]
+        self.preconditioner.step(damping, lrs[0])
+        for group, lr in zip(self.param_groups, lrs):
+            group["lr"], group["damping"] = lr, damping
             self._sgd_update(group)
         return loss
 

@@ -6,7 +6,8 @@
 
 Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor pair
 per group) and Linear weight gradient becomes (G + sqrt(l) I)^-1 grad (A + sqrt(l) I)^-1 (MindSpore's
-rules: conv 1/T damping, `split_dim` blocks); every other gradient is left as it is. `THOR` is this plus
+rules: conv 1/T damping, `split_dim` blocks); with `batchnorm="unit_wise"` BatchNorm scale and shift are
+preconditioned per channel (`unitwise`); every other gradient is left as it is. `THOR` is this plus
 MindSpore's momentum update.
 
 A module called several times per forward pools the statistics of all calls. A module not run with
@@ -28,6 +29,7 @@ from torchboost.optim.thor import distributed as thor_dist
 from torchboost.optim.thor.args import Schedule, Value, check_thor_options
 from torchboost.optim.thor.factors import DetachedHook, factor_dtype
 from torchboost.optim.thor.layer import ThorLayer, find_layers
+from torchboost.optim.thor.unitwise import UnitWiseLayer, find_batchnorms
 
 
 class ThorPreconditioner:
@@ -42,7 +44,10 @@ class ThorPreconditioner:
     factors averaged over ranks, each inversion done on one rank and shared), `graft` "none" | "grad"
     (layer-wise grafting: keep THOR's direction but give each layer the norm of its plain gradient, so
     the step size follows the lr as for SGD while the curvature only steers), `factor_samples` (refresh
-    statistics from at most this many samples of the batch: a cheaper, unbiased estimate of A and G)."""
+    statistics from at most this many samples of the batch: a cheaper, unbiased estimate of A and G),
+    `kl_clip` (K-FAC's trust region: one scale min(1, sqrt(kl_clip / |lr^2 sum <P g, g>|)) on every
+    preconditioned gradient, the sum over the whole model as in kfac-pytorch), `batchnorm` "sgd" | "unit_wise"
+    (BatchNorm scale/shift gradients times each channel's damped 2x2 Fisher inverse; see `unitwise`)."""
 
     def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
                  split_dim: int | None = 128, loss_scale: float = 1.0, *, factor_interval: int | None = None,
@@ -53,8 +58,10 @@ class ThorPreconditioner:
                  loss_reduction: str = "mean", max_damping_retries: int = 3,
                  split_indices: Sequence[int] | None = None,
                  process_group: dist.ProcessGroup | None = None, graft: str = "none",
-                 factor_samples: int | None = None) -> None:
+                 factor_samples: int | None = None, kl_clip: float | None = None,
+                 batchnorm: str = "sgd") -> None:
         check_thor_options(dict(graft=graft, factor_samples=factor_samples, damping=damping, frequency=frequency,
+                                kl_clip=kl_clip, batchnorm=batchnorm,
                                 split_dim=split_dim, loss_scale=loss_scale,
                                 factor_interval=factor_interval, inv_interval=inv_interval,
                                 factor_decay=factor_decay, inverse_method=inverse_method,
@@ -72,7 +79,7 @@ class ThorPreconditioner:
         self.max_interval_mult = max_interval_mult
         self.grad_scaler, self.accumulation_steps = grad_scaler, accumulation_steps
         self.split_indices, self.process_group = split_indices, process_group
-        self.graft = graft
+        self.graft, self.kl_clip = graft, kl_clip
         # local_inversions: inversions this rank computed (all of them in one process; a share under
         # torch.distributed, where the others arrive from their owner ranks)
         self.counters = dict(refreshes=0, skipped_refreshes=0, damping_retries=0, inverse_failures=0,
@@ -84,6 +91,9 @@ class ThorPreconditioner:
                                                         lambda: self._forward_id, loss_reduction == "mean",
                                                         factor_samples)
         self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
+        self.units: dict[str, UnitWiseLayer] = (find_batchnorms(model, self._grad_scale, loss_reduction == "mean",
+                                                                factor_samples)
+                                                if batchnorm == "unit_wise" else {})
         self._arm_capture()
 
     # ---- hooks' view ------------------------------------------------------------------------------
@@ -100,7 +110,7 @@ class ThorPreconditioner:
     def _arm_capture(self) -> None:
         """Capture statistics during the coming update only for layers that will refresh at it. Without
         running averages only inverse steps need factors (in-between captures would be overwritten)."""
-        for l in self.layers.values():
+        for l in [*self.layers.values(), *self.units.values()]:
             due = l.next_factor if self.factor_decay is not None else l.next_inverse
             l.capture.enabled = self.update_index >= due
 
@@ -111,15 +121,30 @@ class ThorPreconditioner:
         return self._damping(self.update_index, self.damping if damping is None else damping)
 
     @torch.no_grad()
-    def step(self, damping: float | None = None) -> None:
-        """Refresh what is due, then overwrite each preconditioned layer's `.grad` with G^-1 grad A^-1.
-        Call after backward (and after any `GradScaler.unscale_`), before the optimizer's step.
-        `damping`: this update's damping, overriding the schedule."""
+    def step(self, damping: float | None = None, lr: float | None = None) -> None:
+        """Refresh what is due, then overwrite each preconditioned layer's `.grad` with G^-1 grad A^-1 (and
+        each unit-wise BatchNorm's with F^-1 grad). Call after backward (and after any `GradScaler.unscale_`),
+        before the optimizer's step. `damping`: this update's damping, overriding the schedule; `lr`: this
+        update's learning rate (what `kl_clip` bounds; THOR and `ThorPreconditioned` pass theirs)."""
         k = self.update_index
         damping = self.current_damping() if damping is None else damping
         if not damping > 0:
             raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
+        if self.kl_clip is not None and lr is None:
+            raise ConfigError("THOR kl_clip needs the update's learning rate", "call step(lr=...) on the "
+                              "preconditioner (THOR and thor_muon pass their own)")
         self._refresh(k, damping)
+        self._refresh_units(k, damping)
+        pairs = self._preconditioned()
+        scale = 1.0 if self.kl_clip is None else self._kl_scale(pairs, float(lr))
+        for grad, new in pairs:
+            grad.copy_(new if scale == 1.0 else new * scale)
+        self.update_index += 1
+        self._arm_capture()
+
+    def _preconditioned(self) -> list[tuple[Tensor, Tensor]]:
+        """(gradient, its preconditioned value) of every parameter the curvature covers, not yet written."""
+        pairs = []
         for p, layer in self.layer_of.items():
             if p.grad is not None:
                 if p.grad.is_sparse:
@@ -127,9 +152,20 @@ class ThorPreconditioner:
                 g = layer.precondition(p.grad)
                 if self.graft == "grad":
                     g = g * (p.grad.norm() / g.norm().clamp_min(torch.finfo(g.dtype).tiny))
-                p.grad.copy_(g)
-        self.update_index += 1
-        self._arm_capture()
+                pairs.append((p.grad, g))
+        for u in self.units.values():
+            new = u.precondition()
+            if new is not None:
+                pairs += [(u.module.weight.grad, new[0]), (u.module.bias.grad, new[1])]
+        return pairs
+
+    def _kl_scale(self, pairs: list[tuple[Tensor, Tensor]], lr: float) -> float:
+        """kfac-pytorch's trust region: min(1, sqrt(kl_clip / |lr^2 sum <P g, g>|)), the sum over the whole
+        model's preconditioned parameters (one scale for all of them); 1 when the sum is 0."""
+        if not pairs:
+            return 1.0
+        vg = torch.stack([(new * g).sum(dtype=torch.float64) for g, new in pairs]).sum().item() * lr**2
+        return 1.0 if vg == 0 else min(1.0, math.sqrt(self.kl_clip / abs(vg)))
 
     # ---- refresh: factors -> (average over ranks) -> trace test -> inverses ----------------------------
     def _refresh(self, k: int, damping: float) -> None:
@@ -155,6 +191,31 @@ class ThorPreconditioner:
             if k >= l.next_inverse:
                 fresh.append(l)
         self._invert(k, damping, self._trace_filter(k, fresh), world)
+
+    def _refresh_units(self, k: int, damping: float) -> None:
+        """BatchNorm Fisher blocks: averaged over ranks like the factors, inverted on every rank (2x2: free)."""
+        due = [u for u in self.units.values() if u.capture.enabled]
+        if not due:
+            return
+        blocks = [u.capture.consume() for u in due]
+        if thor_dist.world_size(self.process_group) > 1:
+            # the factors' averaging, with the blocks as A and an empty G
+            w, empty = due[0].module.weight, torch.Size([0])
+            entries = [None if f is None else (f, f.new_zeros(empty), 1.0) for f in blocks]
+            averaged = thor_dist.average_factors(entries, [(u.F_shape, empty) for u in due], factor_dtype(w),
+                                                 w.device, self.process_group)
+            blocks = [None if e is None else e[0] for e in averaged]
+        seen = [f for f in blocks if f is not None]
+        finite = torch.stack([torch.isfinite(f).all() for f in seen]).tolist() if seen else []
+        for u, f in zip(due, blocks):
+            if f is None or not finite.pop(0):
+                self.counters["capture_failures"] += f is not None
+                continue
+            u.set_factors(f, self.factor_decay)
+            u.next_factor = k + self.factor_interval
+            if k >= u.next_inverse:
+                u.invert(damping)
+                u.next_inverse = k + self.inv_interval
 
     def _trace_filter(self, k: int, fresh: list[ThorLayer]) -> list[tuple[ThorLayer, float]]:
         traces = torch.stack([l.trace_product().double() for l in fresh]).tolist() if fresh else []
@@ -204,22 +265,29 @@ class ThorPreconditioner:
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"update": self.update_index, "counters": dict(self.counters),
-                "layers": {name: l.state() for name, l in self.layers.items()}}
+                "layers": {name: l.state() for name, l in self.layers.items()},
+                "units": {name: u.state() for name, u in self.units.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         missing = set(self.layers) ^ set(state["layers"])
         if missing:
             raise CheckpointError(f"THOR state does not match the model's layers: {sorted(missing)[:5]}",
                                   "load the optimizer state saved for this model")
+        units = state.get("units", {})
+        if set(self.units) != set(units):
+            raise CheckpointError(f"THOR state has {len(units)} unit-wise BatchNorm layers, this preconditioner "
+                                  f"{len(self.units)}", "load it with the batchnorm option it was saved with")
         self.update_index, self.counters = int(state["update"]), dict(state["counters"])
         for name, l in self.layers.items():
             l.load(state["layers"][name], self.split_dim)
+        for name, u in self.units.items():
+            u.load(units[name])
         self._arm_capture()
 
     def remove_hooks(self) -> None:
         """Detach the hooks from the model (curvature stops being refreshed)."""
         self._pre_hook.remove()
-        for l in self.layers.values():
+        for l in [*self.layers.values(), *self.units.values()]:
             l.capture.remove()
 
 

@@ -13,8 +13,9 @@ from torchboost.optim.thor.preconditioner import ScalerThroughPreconditioner, Th
 
 
 class ThorPreconditioned(ScalerThroughPreconditioner, torch.optim.Optimizer):
-    """`step()` = `preconditioner.step()` then `optimizer.step()`. Shares the inner optimizer's param groups
-    and state, so lr schedules, `zero_grad` and `lr_scale` keys act on it directly."""
+    """`step()` = `preconditioner.step()` (its `kl_clip` reads the first param group's lr) then
+    `optimizer.step()`. Shares the inner optimizer's param groups and state, so lr schedules, `zero_grad` and
+    `lr_scale` keys act on it directly."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, preconditioner: ThorPreconditioner) -> None:
         # no super().__init__: the inner optimizer owns groups and state; hooks-free Optimizer use only
@@ -30,7 +31,7 @@ class ThorPreconditioned(ScalerThroughPreconditioner, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
-        self.preconditioner.step()
+        self.preconditioner.step(lr=self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         return loss
 
