@@ -173,3 +173,36 @@ def test_fewer_than_two_images_per_process_is_refused():
         fit_batch(cfg, 3, 2)
     fitted, note = fit_batch(cfg, 40, 2)
     assert fitted.data.batch_size == 20 and "larger than the 20 training images of each process" in note
+
+
+def test_fine_tuning_a_mindspore_resnet_checkpoint_onto_a_folder(tmp_path, capsys):
+    """The README's fine-tuning workflow with a framework's file: a 10-class ResNet-18 in MindSpore's .ckpt
+    (MindSpore names) onto a 3-class RGB folder: names mapped, head re-initialised, backbone frozen for
+    epoch 1, the head at 10x the lr."""
+    import torch
+
+    from torchboost.models import create_model
+    from torchboost.train.checkpoint import load_checkpoint
+
+    torch.manual_seed(0)
+    src = create_model("resnet18", num_classes=10, in_chans=3)  # the ImageNet stem
+    torch.save(src.state_dict(), tmp_path / "src.pt")
+    assert main(["convert", str(tmp_path / "src.pt"), str(tmp_path / "resnet18.ckpt"), "--arch", "resnet18"]) == 0
+    data = make_folder(tmp_path / "d", size=12, mode="RGB")
+    capsys.readouterr()
+    argv = ["train", "--data", str(data), "--epochs", "2", "-o", str(tmp_path / "ft"), *QUIET[:4],
+            "--set", "model.name=resnet18", "--set", f"train.init_weights={tmp_path / 'resnet18.ckpt'}",
+            "--set", "train.freeze_backbone_epochs=1", "--set", "optim.head_lr_mult=10"]
+    err = one_line(capsys, argv)  # 12-px images get the small-input stem: the key to change is named
+    assert "has a 7x7 stem (conv1) but this resnet18 has a 3x3 one" in err and "model.small_input=false" in err
+    assert not (tmp_path / "ft").exists()  # nothing written: the corrected command runs as it is
+    assert main([*argv, "--set", "model.small_input=false", "--set", "data.image_size=32"]) == 0
+    out = capsys.readouterr().out
+    assert "fc.weight, fc.bias re-initialised" in out and "only the head (fc.bias, fc.weight) trains" in out
+    first, second = (load_checkpoint(p)["model"] for p in sorted((tmp_path / "ft" / "ckpt").glob("resnet18-*_*.pt")))
+    for name in ("conv1.weight", "layer4.1.conv2.weight"):
+        assert torch.equal(first[name], src.state_dict()[name])  # loaded through the name map, frozen in epoch 1
+        assert not torch.equal(second[name], first[name])  # trained in epoch 2
+    assert first["fc.weight"].shape == (3, 512)
+    saved = yaml.safe_load((tmp_path / "ft" / "config.yaml").read_text())
+    assert saved["optim"]["head_lr_mult"] == 10 and saved["model"]["small_input"] is False

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from torchboost.migrate import convert
+from torchboost.models import create_model
 from torchboost.migrate.formats import all_suffixes
 from torchboost.recipe.build import build_optimizer, build_schedule, effective_lr
 from torchboost.recipe.infer import evaluate_checkpoint
 from torchboost.recipe.load import load_config, load_resolved
 from torchboost.recipe.run import train_from_config
-from torchboost.train.checkpoint import load_checkpoint
+from torchboost.train.checkpoint import classifier_head, load_checkpoint
+from torchboost.train.model import Model
 
 FAST = ["train.progress_bar=false", "train.log_every=1000"]
 
@@ -131,3 +133,42 @@ def test_thor_muon_through_the_recipe(tmp_path):
     opt = build_optimizer(resolved, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), 0.02)
     assert isinstance(opt, ThorPreconditioned)
     assert train_from_config(cfg).eval_results["val_top_1_accuracy"] >= 0.85
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "muon", "thor", "thor_muon"])
+def test_head_lr_mult_scales_only_the_head_through_the_schedule(name):
+    """Every optimizer: the classifier head's groups carry mult x the lr of the group they came from, at every
+    step of a schedule, and nothing else moves between groups."""
+    torch.manual_seed(0)
+    net = create_model("mnist_cnn", 10, 1)
+    head = {id(p) for n, p in net.named_parameters() if n in classifier_head(net)}
+    plain = build_optimizer(load_config(None, [f"optim.name={name}"]), create_model("mnist_cnn", 10, 1), 0.1, 10)
+    opt = build_optimizer(load_config(None, [f"optim.name={name}", "optim.head_lr_mult=10"]), net, 0.1, 10)
+    assert sum(len(g["params"]) for g in opt.param_groups) == sum(len(g["params"]) for g in plain.param_groups)
+    model = Model(net, torch.nn.CrossEntropyLoss(), opt, lr_schedule=np.array([0.5, 0.25]))
+    base = {g.get("name"): g.get("lr_scale", 1.0) for g in plain.param_groups}  # Muon's AdamW ratio stays
+    x, y = torch.randn(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    for step, lr in enumerate([0.5, 0.25]):
+        model.train_step([(x, y)], step)
+        for g in opt.param_groups:
+            in_head = [id(p) in head for p in g["params"]]
+            assert all(in_head) or not any(in_head)  # a group is all head or no head
+            origin = g.get("name", "group").removesuffix(" (classifier head)")
+            want = lr * base.get(origin if g.get("name") else None, 1.0) * (10 if all(in_head) else 1)
+            assert g["lr"] == pytest.approx(want, rel=1e-12)
+
+
+def test_head_lr_mult_sgd_step_is_the_dense_formula():
+    """Plain SGD (no momentum): w <- w - lr x mult x grad on the head, w - lr x grad elsewhere (float64)."""
+    torch.manual_seed(0)
+    net = create_model("mnist_cnn", 10, 1).double()
+    cfg = load_config(None, ["optim.momentum=0", "optim.head_lr_mult=4"])
+    opt = build_optimizer(cfg, net, 0.05, 1)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    x, y = torch.randn(4, 1, 28, 28, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    opt.step()
+    head = classifier_head(net)
+    for n, p in net.named_parameters():
+        assert torch.allclose(p, before[n] - 0.05 * (4 if n in head else 1) * grads[n], rtol=0, atol=1e-15), n

@@ -10,10 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from torchboost.bench import BenchOptions, add_arguments, diagnose, run_bench
+from torchboost.bench import BenchOptions, add_arguments, build_model, diagnose, run_bench
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, SyntheticImages, build_loader, normalize_batch,
                              train_transform)
 from torchboost.data.builtin import load_builtin
+from torchboost.data.folder import ImageFolder
+from torchboost.recipe.data import folder_train_transform
+from torchboost.recipe.load import load_resolved
 from torchboost.errors import ConfigError
 from torchboost.models import create_model
 from torchboost.train.model import Model
@@ -120,3 +123,31 @@ def test_diagnose_names_the_slower_side():
     assert limiter == "step" and "waited 20%" in advice and "own cores" in advice
     limiter, advice = diagnose(step_ips=100.0, data_ips={0: 250.0}, wait_share=0.3, e2e_workers=0)
     assert "loading runs between steps" in advice
+
+
+def test_bench_reads_small_images_as_train_does(tmp_path):
+    """28-px grayscale PNGs with a ResNet: native size, 1 channel, the small-input stem and the +-2 px shift a
+    run would use — not 224-px ImageNet crops (minutes per step on such data)."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in range(2):
+            (tmp_path / split / str(c)).mkdir(parents=True)
+            for i in range(8):
+                pixels = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+                Image.fromarray(pixels, "L").save(tmp_path / split / str(c) / f"{i}.png")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "resnet18", "--batch-size", "4", "--steps", "2", "--warmup", "1",
+                              "--num-classes", "2", "--data", str(tmp_path), "--workers", "0", "--device", "cpu"])
+    result, table = run_bench(args)
+    assert result["data_config"] == {"path": str(tmp_path / "train"), "image_size": 28, "channels": 1,
+                                     "augment": "shift", "random_shift": 2}
+    assert result["options"]["image_size"] == 28 and result["options"]["channels"] == 1 and result["small_input"]
+    assert "resnet18 (small-input stem) 28px" in table and "28 px, 1 channel(s), augment shift by up to 2 px" in table
+    cfg, train_ds, _ = load_resolved(None, ["data.dataset=folder", f"data.path={tmp_path}", "model.name=resnet18"])
+    assert (cfg.data.image_size, cfg.data.channels, cfg.data.augment, cfg.data.random_shift, cfg.model.small_input) \
+        == (28, 1, "shift", 2, True)  # what `train` resolves for the same folder
+    x, _ = ImageFolder(tmp_path / "train", folder_train_transform(cfg.data, "resnet18"))[0]
+    assert x.shape == (1, 28, 28)
+    model = build_model(BenchOptions(model="resnet18", image_size=28, channels=1, num_classes=2), torch.device("cpu"))
+    assert model.network.conv1.stride == (1, 1)  # the 3x3 stride-1 stem, as train builds it

@@ -20,13 +20,15 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from .data import (IMAGENET_MEAN, IMAGENET_STD, ImageFolder, SyntheticImages, build_loader, set_epoch,
-                   train_transform)
+from .data import ImageFolder, SyntheticImages, build_loader, set_epoch
 from .data.folder import MAX_SIDE
 from .data.synthetic import MEMORY_SHARE, physical_memory
 from .errors import ConfigError, DataError
 from .fileio import atomic_write
 from .models import create_model, list_models, training_bytes
+from .recipe.config import Config, DataConfig, ModelConfig
+from .recipe.data import DEFAULT_SIZE, DEFAULT_STATS, FOLDER_SIZE, folder_train_transform, infer_data, small_stem
+from .recipe.kinds import FOLDER
 from .optim.registry import DEFAULT_OPTIMIZER, OptimizerArgs, build_optimizer
 from .train.device import resolve_device
 from .train.model import Model
@@ -41,7 +43,8 @@ class BenchOptions:
     """What to measure; the CLI's argparse Namespace carries the same names."""
 
     model: str = "resnet50"
-    image_size: int = 224
+    image_size: Optional[int] = None  # None: with --data what `train` would use, else the model's size (224)
+    channels: Optional[int] = None  # None: with --data the images', else 1 for the MNIST CNN, 3 otherwise
     batch_size: int = 32
     precision: str = "fp32"
     channels_last: bool = False
@@ -67,20 +70,28 @@ class BenchOptions:
             raise ConfigError(f"bench mode {opts.mode!r} is not one of {', '.join(MODES)}", "use train, data or both")
         if opts.mode != "train" and not opts.data:
             raise ConfigError(f"bench --mode {opts.mode} needs an image folder", "pass --data DIR (root/<class>/*.jpg)")
-        if min(opts.batch_size, opts.steps, opts.image_size) < 1 or opts.warmup < 0 or min(opts.workers, default=0) < 0:
+        size = opts.image_size or 1
+        if min(opts.batch_size, opts.steps, size) < 1 or opts.warmup < 0 or min(opts.workers, default=0) < 0:
             raise ConfigError("batch size, steps and image size must be >= 1; warmup and workers >= 0",
                               "fix --batch-size/--steps/--image-size/--warmup/--workers")
-        if opts.image_size > MAX_SIDE or max(opts.steps, opts.warmup) > 1_000_000 or max(opts.workers, default=0) > 1024 \
+        if size > MAX_SIDE or max(opts.steps, opts.warmup) > 1_000_000 or max(opts.workers, default=0) > 1024 \
                 or opts.num_classes > 1_000_000:
             raise ConfigError("bench sizes are out of range (image size <= 8192, steps and warmup <= 1e6, "
                               "workers <= 1024, classes <= 1e6)", "fix --image-size/--steps/--warmup/--workers")
-        batch_bytes = 4 * opts.batch_size * 3 * opts.image_size ** 2
-        if batch_bytes > MEMORY_SHARE * physical_memory():
-            raise ConfigError(f"one batch of {opts.batch_size} images of {opts.image_size} px takes "
-                              f"{batch_bytes / 2**30:.1f} GiB, over {MEMORY_SHARE:.0%} of this machine's memory",
-                              "lower --batch-size or --image-size")
+        if opts.channels not in (None, 1, 3):
+            raise ConfigError(f"channels={opts.channels} is not 1 or 3", "use 1 (grayscale) or 3 (RGB)")
         opts.workers = sorted(set(opts.workers)) or [0]
         return opts
+
+    def settle(self) -> None:
+        """Fill what the data did not decide (the model's size and channels) and check one batch fits."""
+        self.image_size = self.image_size or DEFAULT_SIZE.get(self.model, FOLDER_SIZE)
+        self.channels = self.channels or (1 if self.model == "mnist_cnn" else 3)
+        batch_bytes = 4 * self.batch_size * self.channels * self.image_size ** 2
+        if batch_bytes > MEMORY_SHARE * physical_memory():
+            raise ConfigError(f"one batch of {self.batch_size} images of {self.image_size} px takes "
+                              f"{batch_bytes / 2**30:.1f} GiB, over {MEMORY_SHARE:.0%} of this machine's memory",
+                              "lower --batch-size or --image-size")
 
 
 def _int_list(text: str) -> list[int]:
@@ -94,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `torchboost bench` options (names match BenchOptions)."""
     d = BenchOptions()
     parser.add_argument("--model", default=d.model, help=f"one of {', '.join(list_models())}")
-    parser.add_argument("--image-size", type=int, default=d.image_size, help="image side in pixels")
+    parser.add_argument("--image-size", type=int, help="image side in pixels (default: with --data what `train` "
+                        "would use, e.g. the native size of small images; else the model's, 224 for ResNets)")
     parser.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="images per step")
     parser.add_argument("--precision", choices=list(PRECISIONS), default=d.precision,
                         help="fp32; bf16 autocast; fp16 autocast with dynamic loss scaling")
@@ -112,14 +124,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="also write the result as JSON to this file")
 
 
-def _channels(model: str) -> int:
-    return 1 if model == "mnist_cnn" else 3
-
-
-def _stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    return (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,), (0.5,))
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # kernels run asynchronously: read clocks only once they are done
@@ -129,8 +133,10 @@ def build_model(opts: BenchOptions, device: torch.device,
                 optimizer: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None) -> Model:
     """torchboost's Model with the options' fast paths; `optimizer(net)` defaults to the registry's SGD (the
     fused momentum SGD `torchboost train` builds)."""
-    channels = _channels(opts.model)
-    kw = {"image_size": opts.image_size} if opts.model == "mnist_cnn" else {}
+    opts.settle()
+    channels = opts.channels
+    kw = {"image_size": opts.image_size} if opts.model == "mnist_cnn" else {"small_input": small_stem(opts.model,
+                                                                                                    opts.image_size)}
     need = training_bytes(opts.model, opts.num_classes, channels, **kw)
     if need > MEMORY_SHARE * physical_memory():
         raise ConfigError(f"{opts.model} at {opts.image_size} px with {opts.num_classes} classes needs "
@@ -141,7 +147,7 @@ def build_model(opts: BenchOptions, device: torch.device,
     dtype = PRECISIONS[opts.precision]
     amp = "O0" if dtype is None else "O2" if dtype == torch.float16 else "O1"  # O2 adds loss scaling for fp16
     return Model(net, nn.CrossEntropyLoss(), opt, amp_level=amp, device=device, amp_dtype=dtype,
-                 channels_last=opts.channels_last, input_norm=_stats(channels), compile=opts.compile)
+                 channels_last=opts.channels_last, input_norm=DEFAULT_STATS[channels], compile=opts.compile)
 
 
 def make_step(opts: BenchOptions, device: torch.device,
@@ -150,7 +156,7 @@ def make_step(opts: BenchOptions, device: torch.device,
     """(one training update on a fixed synthetic batch, the Model). The batch is uint8 already on the
     device and normalized there by the step (data.normalize_on_device), so only the step is measured."""
     model = build_model(opts, device, optimizer)
-    data = SyntheticImages(opts.batch_size, opts.num_classes, _channels(opts.model), opts.image_size, uint8=True)
+    data = SyntheticImages(opts.batch_size, opts.num_classes, opts.channels, opts.image_size, uint8=True)
     x, y = (t.to(device) for t in data.__getitems__(range(opts.batch_size)))
     counter = itertools.count()
     return (lambda: model.train_step([(x, y)], next(counter))), model
@@ -170,15 +176,24 @@ def time_steps(step: Callable[[], None], steps: int, warmup: int, device: torch.
     return times
 
 
-def folder_dataset(opts: BenchOptions) -> ImageFolder:
-    """The training transform (draft-mode decode, RandomResizedCrop, flip) shipping uint8 batches."""
+def folder_dataset(opts: BenchOptions) -> tuple[DataConfig, ImageFolder]:
+    """The folder through the training transform `train` would use for it (size, channels and augmentation
+    inferred from the images and the model as a run does; draft-mode JPEG decoding), shipping uint8 batches.
+    Fills opts.image_size and opts.channels with what was decided."""
     root = Path(opts.data)
     root = root / "train" if (root / "train").is_dir() else root
-    ds = ImageFolder(root, train_transform(opts.image_size, *_stats(_channels(opts.model)), uint8=True))
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist", "pass --data DIR (root/<class>/*.jpg)")
+    cfg = Config(model=ModelConfig(name=opts.model),
+                 data=DataConfig(dataset=FOLDER, path=str(root), image_size=opts.image_size, channels=opts.channels,
+                                 normalize_on_device=True))
+    d = infer_data(cfg, train_root=root)
+    opts.image_size, opts.channels = d.image_size, d.channels
+    ds = ImageFolder(root, folder_train_transform(d, opts.model))
     if len(ds) < opts.batch_size:
         raise DataError(f"{root} has {len(ds)} images, fewer than one batch of {opts.batch_size}",
                         "use a smaller --batch-size or a folder with more images")
-    return ds
+    return d, ds
 
 
 def _cycle(loader: Any) -> Iterator:
@@ -245,15 +260,20 @@ def run_bench(params: Any) -> tuple[dict[str, Any], str]:
     device = resolve_device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {opts.device} but this torch sees no CUDA device", "use --device cpu")
-    result: dict[str, Any] = {"options": asdict(opts), "device": str(device), "threads": torch.get_num_threads()}
+    data_cfg, ds = folder_dataset(opts) if opts.mode in ("data", "both") else (None, None)
+    opts.settle()
+    result: dict[str, Any] = {"options": asdict(opts), "device": str(device), "threads": torch.get_num_threads(),
+                              "small_input": opts.model != "mnist_cnn" and small_stem(opts.model, opts.image_size)}
+    if data_cfg is not None:
+        result["data_config"] = {k: getattr(data_cfg, k) for k in ("path", "image_size", "channels", "augment",
+                                                                   "random_shift")}
     model = None
     if opts.mode in ("train", "both"):
         step, model = make_step(opts, device)
         times = time_steps(step, opts.steps, opts.warmup, device)
         median = statistics.median(times)
         result["train"] = {"images_per_s": opts.batch_size / median, "step_s_median": median, "step_s": times}
-    if opts.mode in ("data", "both"):
-        ds = folder_dataset(opts)
+    if ds is not None:
         rates = {w: data_rate(ds, opts, w, pin=device.type == "cuda") for w in opts.workers}
         result["data"] = [{"workers": w, "images_per_s": r} for w, r in rates.items()]
     if opts.mode == "both":
@@ -269,8 +289,14 @@ def run_bench(params: Any) -> tuple[dict[str, Any], str]:
 def format_table(result: dict[str, Any]) -> str:
     o = result["options"]
     flags = [o["precision"], "channels_last" if o["channels_last"] else "NCHW", "compiled" if o["compile"] else "eager"]
-    lines = [f"torchboost bench: {o['model']} {o['image_size']}px batch {o['batch_size']} {' '.join(flags)} "
+    stem = " (small-input stem)" if result["small_input"] else ""
+    lines = [f"torchboost bench: {o['model']}{stem} {o['image_size']}px batch {o['batch_size']} {' '.join(flags)} "
              f"on {result['device']} ({result['threads']} threads), {o['steps']} timed + {o['warmup']} warmup"]
+    if "data_config" in result:
+        d = result["data_config"]
+        shift = f" by up to {d['random_shift']} px" if d["augment"] == "shift" else ""
+        lines.append(f"data: {d['path']} as `train` reads it: {d['image_size']} px, {d['channels']} channel(s), "
+                     f"augment {d['augment']}{shift}")
     if "train" in result:
         t = result["train"]
         lines.append(f"{'train step (synthetic)':<28}{t['images_per_s']:>10.1f} img/s  "

@@ -1,4 +1,5 @@
-"""Optimizer parameter groups: per-pattern L2 weight decay, BN parameters and biases exempt by default.
+"""Optimizer parameter groups: per-pattern L2 weight decay, BN parameters and biases exempt by default; a
+part of the network (a fine-tuned classifier head) at its own lr multiple.
 
 The NVIDIA ResNet-50 recipe exempts BN gamma/beta and biases from weight decay; the MNIST tutorial's habit
 of per-layer L2 regularisation is the same mechanism with name patterns.
@@ -7,8 +8,9 @@ of per-layer L2 regularisation is the same mechanism with name patterns.
 from __future__ import annotations
 
 import fnmatch
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
+import torch
 from torch import nn
 
 from ..errors import ConfigError
@@ -44,3 +46,25 @@ def weight_decay_groups(model: nn.Module, patterns: Mapping[str, float], default
         raise ConfigError(f"weight-decay pattern '{unused[0]}' matches no parameter",
                           f"patterns match parameter names such as '{next(iter(dict(model.named_parameters())), '')}'")
     return [g for g in (*groups.values(), rest, no_decay) if g["params"]]
+
+
+def scale_lr_of(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], mult: float, name: str) -> None:
+    """Give `params` `mult` times their group's lr, for any optimizer: each group holding some of them is split
+    in two with the same hyperparameters, the new one with lr and lr_scale multiplied (the trainer sets every
+    group's lr to schedule(step) x lr_scale, so the ratio holds through warmup and decay). Call it right after
+    building the optimizer, before it has state. Fine-tuning uses it for a fresh classifier head."""
+    wanted = {id(p) for p in params}
+    if not wanted:
+        raise ConfigError(f"this network has no {name} to give its own lr", f"leave the {name} lr multiplier at 1")
+    kept, scaled = [], []
+    for g in optimizer.param_groups:
+        inside = [p for p in g["params"] if id(p) in wanted]
+        rest = [p for p in g["params"] if id(p) not in wanted]
+        if rest:
+            kept.append({**g, "params": rest})
+        if inside:
+            scaled.append({**g, "params": inside, "lr": g["lr"] * mult, "lr_scale": g.get("lr_scale", 1.0) * mult,
+                           "name": f"{g.get('name', 'group')} ({name})"})
+    optimizer.param_groups[:] = kept  # in place: a wrapper (THOR-preconditioned) shares its inner list
+    for g in scaled:
+        optimizer.add_param_group(g)

@@ -15,9 +15,11 @@ from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, training_bytes
 from torchboost.optim import build_lr_schedule, get_thor_lr
+from torchboost.optim.groups import scale_lr_of
 from torchboost.optim.registry import OptimizerArgs, get_optimizer
 from torchboost.optim.registry import build_optimizer as registry_build
 from torchboost.recipe.config import Config
+from torchboost.train.checkpoint import classifier_head
 from torchboost.train.ema import ModelEMA
 from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 
@@ -68,8 +70,13 @@ def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArg
 
 
 def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
-    """`optim.name`'s registry entry built for `model` (torchboost.optim.registry)."""
-    return registry_build(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
+    """`optim.name`'s registry entry built for `model` (torchboost.optim.registry), the classifier head at
+    `optim.head_lr_mult` times the lr."""
+    optimizer = registry_build(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
+    if cfg.optim.head_lr_mult != 1:
+        named = dict(model.named_parameters())
+        scale_lr_of(optimizer, [named[n] for n in classifier_head(model)], cfg.optim.head_lr_mult, "classifier head")
+    return optimizer
 
 
 def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:

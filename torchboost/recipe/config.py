@@ -94,6 +94,8 @@ class OptimConfig:
     nesterov: Optional[bool] = opt(None, help="Nesterov momentum; unset: the optimizer's own")
     weight_decay: float = opt(0.0, ge=0, help="L2 penalty on weights")
     decay_bn_and_bias: bool = opt(False, help="also decay BatchNorm scales/shifts and biases")
+    head_lr_mult: float = opt(1.0, gt=0, le=1e6, help="the classifier head's lr = this x the lr (fine-tuning a "
+                                                      "fresh head: e.g. 10), through every schedule")
     weight_decay_groups: dict = opt(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
                                                        "(patterns on parameter names, first match wins)")
     thor: ThorRecipeOptions = dataclasses.field(default_factory=ThorRecipeOptions)

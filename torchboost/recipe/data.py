@@ -91,20 +91,28 @@ def resolve_augment(cfg: DataConfig, model_name: str) -> str:
     return "shift" if cfg.random_shift else "none"
 
 
+def folder_train_transform(cfg: DataConfig, model_name: str) -> Any:
+    """The training transform of a decoded-per-sample set: size, statistics and the augmentation `auto`
+    stands for (what `train` and `bench` use)."""
+    _, size, mean, std = folder_geometry(cfg)
+    augment = resolve_augment(cfg, model_name)
+    return train_transform(size, mean, std, uint8=cfg.normalize_on_device, augment=augment,
+                           rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
+                           shift=cfg.random_shift if augment == "shift" else 0)
+
+
+def small_stem(model_name: str, image_size: int | None) -> bool:
+    """A ResNet's 7x7/2 stem + max-pool would leave 1-2 pixels of a small image: the 3x3 stride-1 stem then."""
+    return model_name.startswith("resnet") and (image_size or 0) <= SMALL_IMAGE
+
+
 def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, model_name: str = "") -> Dataset:
     """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes.
     `num_classes` only sets the label range of a kind without its own labels (synthetic)."""
     uint8 = cfg.normalize_on_device
     kind = get_kind(cfg.dataset)
     if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
-        if split == "train":
-            _, size, mean, std = folder_geometry(cfg)
-            augment = resolve_augment(cfg, model_name)
-            transform: Any = train_transform(size, mean, std, uint8=uint8, augment=augment,
-                                             rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
-                                             shift=cfg.random_shift if augment == "shift" else 0)
-        else:
-            transform = eval_preprocess(cfg)
+        transform = folder_train_transform(cfg, model_name) if split == "train" else eval_preprocess(cfg)
         if kind.open_split is not None:
             return kind.open_split(cfg, split, transform)
         return ImageFolder(_split_dir(Path(cfg.path), split), transform, cfg.skip_corrupt,
@@ -120,19 +128,17 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     return ds
 
 
-def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConfig, Dataset, Dataset]:
-    """(data config with every inferred key filled in, training set, evaluation set) of a run.
-
-    Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
-    keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
-    and an in-memory set's size, channels and statistics. The evaluation split must have the training
-    split's classes."""
+def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path | None = None) -> DataConfig:
+    """`cfg.data` with what a decoded-per-sample set leaves unset filled in from a sample of its training
+    images (under `train_root`, default the train/ split of data.path) and the model: channels (the
+    majority), image size (small images keep their native size; larger ones what the model is built for),
+    statistics, a small shift for small images with a ResNet, and the augmentation `auto` stands for."""
     d = cfg.data
     kind = get_kind(d.dataset)
     if not kind.in_memory:
         channels, size = d.channels or 3, d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
         if kind.needs_path and (d.channels is None or d.image_size is None):
-            sample = kind.sample(d) if kind.sample else sample_folder(_split_dir(Path(d.path), "train"))
+            sample = kind.sample(d) if kind.sample else sample_folder(train_root or _split_dir(Path(d.path), "train"))
             if d.channels is None:
                 channels = sample.channels
                 if sample.gray and sample.color:
@@ -147,6 +153,18 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
             and cfg.model.name.startswith("resnet"):
         d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
     d = dataclasses.replace(d, augment=resolve_augment(d, cfg.model.name))
+    return d
+
+
+def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConfig, Dataset, Dataset]:
+    """(data config with every inferred key filled in, training set, evaluation set) of a run.
+
+    Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
+    keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
+    and an in-memory set's size, channels and statistics. The evaluation split must have the training
+    split's classes."""
+    d = infer_data(cfg, log)
+    kind = get_kind(d.dataset)
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
     eval_ds = build_dataset(d, "test", cfg.model.num_classes)
     if kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):

@@ -56,27 +56,41 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Opti
     """Hold OUTPUT/.lock for the run; with `overwrite` (and no resume) remove the earlier run's files (those
     its manifest lists and that still have the recorded size and digest; nothing else)."""
     check_output(out, resume, overwrite, prefix)
+    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"cannot create output folder {out}: {e.strerror}", "choose a writable --output") from None
-    with _take_lock(out / ".lock") as lock:
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}\n")  # first, so a run refused meanwhile can name us
-        lock.flush()
-        try:
-            # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
-            # its files behind — they are another run's now, not ours to overwrite.
-            check_output(out, resume, overwrite, prefix)
-            if overwrite and not resume:
-                remove_run(out)
-            yield
-        finally:
-            # Removed while still held, so a finished run leaves no .lock behind; a run that opened the
-            # old file meanwhile sees it is gone once it gets the lock (see _take_lock) and locks anew.
+    try:
+        with _take_lock(out / ".lock") as lock:
+            yield from _hold(out, lock, resume, overwrite, prefix)
+    except BaseException:
+        # A run that failed before writing anything leaves no folder behind (so the corrected command is
+        # not refused); a folder that holds anything stays.
+        for folder in created:
             with contextlib.suppress(OSError):
-                (out / ".lock").unlink()
+                folder.rmdir()
+        raise
+
+
+def _hold(out: Path, lock: IO[str], resume: Optional[str], overwrite: bool, prefix: Optional[str]) -> Iterator[None]:
+    """The run, under the taken lock: name ourselves in it, re-check the folder, clear it for --overwrite."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}\n")  # first, so a run refused meanwhile can name us
+    lock.flush()
+    try:
+        # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
+        # its files behind — they are another run's now, not ours to overwrite.
+        check_output(out, resume, overwrite, prefix)
+        if overwrite and not resume:
+            remove_run(out)
+        yield
+    finally:
+        # Removed while still held, so a finished run leaves no .lock behind; a run that opened the
+        # old file meanwhile sees it is gone once it gets the lock (see _take_lock) and locks anew.
+        with contextlib.suppress(OSError):
+            (out / ".lock").unlink()
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError, DataError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
-from torchboost.recipe.data import SMALL_IMAGE
+from torchboost.recipe.data import small_stem
 from torchboost.recipe.kinds import get_kind
 from torchboost.train.metrics import resolve_metric
 
@@ -35,8 +35,7 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     if m.in_chans is not None and m.in_chans != data.channels:
         raise ConfigError(f"model.in_chans={m.in_chans} but the images have {data.channels} channel(s)",
                           "leave model.in_chans unset (or set data.channels to convert the images)")
-    # a ResNet's 7x7/2 stem + max-pool would leave 1-2 pixels of a small image: use the 3x3 stride-1 stem
-    small = m.name.startswith("resnet") and (data.image_size or 0) <= SMALL_IMAGE
+    small = small_stem(m.name, data.image_size)
     model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
                                 small_input=small if m.small_input is None else m.small_input)
     train = cfg.train

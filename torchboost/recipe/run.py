@@ -193,6 +193,19 @@ def build_loaders(cfg: Config, train_ds, eval_ds, info: dist.DistInfo, device: t
                                                                                  False, **kw)
 
 
+def check_stem(cfg: Config, state: dict, own: dict) -> None:
+    """ImageNet ResNet weights (7x7 stem) onto small images (3x3 small-input stem), or the reverse: name the
+    key that decides it rather than a tensor shape."""
+    theirs, ours = state.get("conv1.weight"), own.get("conv1.weight")
+    if theirs is None or ours is None or theirs.ndim != 4 or theirs.shape[-1] == ours.shape[-1]:
+        return
+    k, here = theirs.shape[-1], ours.shape[-1]
+    fix = ("set model.small_input=false (ImageNet-stem weights; with data.image_size >= 65, e.g. 224)" if k > here
+           else "set model.small_input=true")
+    raise ConfigError(f"train.init_weights {cfg.train.init_weights} has a {k}x{k} stem (conv1) but this "
+                      f"{cfg.model.name} has a {here}x{here} one (model.small_input={cfg.model.small_input})", fix)
+
+
 def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, steps_per_epoch: int,
                   info: dist.DistInfo, log: Log) -> tuple[nn.Module, list]:
     """The model on its device, with init_weights loaded and boost's structural changes and hooks."""
@@ -201,6 +214,7 @@ def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, ste
         # any registered weight format; MindSpore/Paddle names are mapped to the network's (names only: a
         # head for another class count is left to load_backbone)
         state = read_torch_named(cfg.train.init_weights, cfg.model.name, None, net.state_dict())
+        check_stem(cfg, state, net.state_dict())
         fresh = load_backbone(net, state, source=cfg.train.init_weights)
         if fresh:
             shapes = "x".join(map(str, state[fresh[0]].shape))
