@@ -88,10 +88,10 @@ class ThorOptions:
     kl_clip: Optional[float] = opt(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
                                                     "scale every preconditioned gradient by min(1, sqrt(kl_clip "
                                                     "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
-    batchnorm: str = opt("sgd", choices=("sgd", "unit_wise"), help="BatchNorm scale and shift: sgd = left as "
-                                                                   "they are; unit_wise = each channel's (scale, "
-                                                                   "shift) gradient times its damped 2x2 Fisher "
-                                                                   "inverse")
+    batchnorm: str = opt("none", choices=("none", "unit_wise"), help="BatchNorm scale and shift: none = not "
+                                                                     "preconditioned (the plain update); unit_wise "
+                                                                     "= each channel's (scale, shift) gradient "
+                                                                     "times its damped 2x2 Fisher inverse")
 
 
 @dataclass

@@ -46,7 +46,7 @@ class ThorPreconditioner:
     the step size follows the lr as for SGD while the curvature only steers), `factor_samples` (refresh
     statistics from at most this many samples of the batch: a cheaper, unbiased estimate of A and G),
     `kl_clip` (K-FAC's trust region: one scale min(1, sqrt(kl_clip / |lr^2 sum <P g, g>|)) on every
-    preconditioned gradient, the sum over the whole model as in kfac-pytorch), `batchnorm` "sgd" | "unit_wise"
+    preconditioned gradient, the sum over the whole model as in kfac-pytorch), `batchnorm` "none" | "unit_wise"
     (BatchNorm scale/shift gradients times each channel's damped 2x2 Fisher inverse; see `unitwise`)."""
 
     def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
@@ -59,7 +59,7 @@ class ThorPreconditioner:
                  split_indices: Sequence[int] | None = None,
                  process_group: dist.ProcessGroup | None = None, graft: str = "none",
                  factor_samples: int | None = None, kl_clip: float | None = None,
-                 batchnorm: str = "sgd") -> None:
+                 batchnorm: str = "none") -> None:
         check_thor_options(dict(graft=graft, factor_samples=factor_samples, damping=damping, frequency=frequency,
                                 kl_clip=kl_clip, batchnorm=batchnorm,
                                 split_dim=split_dim, loss_scale=loss_scale,
