@@ -88,6 +88,9 @@ class ThorOptions:
     kl_clip: Optional[float] = opt(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
                                                     "scale every preconditioned gradient by min(1, sqrt(kl_clip "
                                                     "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
+    max_dim: Optional[int] = opt(None, ge=1, help="a factor side wider than this keeps only its diagonal "
+                                                  "(Shampoo's max_preconditioner_dim); unset: every side blocked "
+                                                  "by split_dim")
     batchnorm: str = opt("none", choices=("none", "unit_wise"), help="BatchNorm scale and shift: none = not "
                                                                      "preconditioned (the plain update); unit_wise "
                                                                      "= each channel's (scale, shift) gradient "

@@ -15,14 +15,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def block_size(n: int, split_dim: int | None) -> int:
-    """A factor smaller than split_dim is one block of its own size (as in MindSpore)."""
+def block_size(n: int, split_dim: int | None, max_dim: int | None = None) -> int:
+    """A factor smaller than split_dim is one block of its own size (as in MindSpore); one wider than
+    `max_dim` is kept as its diagonal (blocks of 1: Shampoo's and SOAP's max_preconditioner_dim rule)."""
+    if max_dim is not None and n > max_dim:
+        return 1
     return n if split_dim is None else min(n, split_dim)
 
 
-def block_shape(groups: int, n: int, split_dim: int | None) -> torch.Size:
-    """(groups, n_blocks, b, b) of an n x n factor."""
-    b = block_size(n, split_dim)
+def block_shape(groups: int, n: int, b: int) -> torch.Size:
+    """(groups, n_blocks, b, b) of an n x n factor held in blocks of b."""
     return torch.Size((groups, math.ceil(n / b), b, b))
 
 

@@ -51,14 +51,15 @@ class ThorLayer:
         w = self.module.weight
         return w[0].numel(), w.shape[0] // self.groups
 
-    def factor_shapes(self, split_dim: int | None) -> tuple[torch.Size, torch.Size]:
-        """Block shapes of A and G (and of their inverses)."""
+    def factor_shapes(self) -> tuple[torch.Size, torch.Size]:
+        """Block shapes of A and G (and of their inverses), as the capture builds them."""
         n_in, n_out = self.sizes
-        return block_shape(self.groups, n_in, split_dim), block_shape(self.groups, n_out, split_dim)
+        return (block_shape(self.groups, n_in, self.capture.a_block),
+                block_shape(self.groups, n_out, self.capture.g_block))
 
-    def inverse_cost(self, split_dim: int | None) -> float:
+    def inverse_cost(self) -> float:
         """Flops-proportional cost of inverting both factors (blocks * b^3)."""
-        return float(sum(s[0] * s[1] * s[2] ** 3 for s in self.factor_shapes(split_dim)))
+        return float(sum(s[0] * s[1] * s[2] ** 3 for s in self.factor_shapes()))
 
     def set_factors(self, a: Tensor, g: Tensor, t: float, decay: float | None) -> None:
         """Store fresh factors, or blend them into a running average when `decay` is set."""
@@ -100,23 +101,24 @@ class ThorLayer:
     def state(self) -> dict:
         return {k: getattr(self, k) for k in _STATE_KEYS}
 
-    def load(self, state: dict, split_dim: int | None) -> None:
+    def load(self, state: dict) -> None:
         device, dtype = self.module.weight.device, factor_dtype(self.module.weight)
-        a_shape, g_shape = self.factor_shapes(split_dim)
+        a_shape, g_shape = self.factor_shapes()
         for k in _STATE_KEYS:
             v = state[k]
             if isinstance(v, Tensor):
                 want = a_shape if k.startswith("A") else g_shape
                 if v.shape != want:
                     raise CheckpointError(f"THOR state of layer '{self.name}': {k} has shape {tuple(v.shape)}, "
-                                          f"expected {tuple(want)}", "use the split_dim the state was saved with")
+                                          f"expected {tuple(want)}", "use the split_dim and max_dim the state was saved "
+                                          "with")
                 v = v.to(device=device, dtype=dtype)
             setattr(self, k, v)
 
 
 def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[], float],
-                forward_id: Callable[[], int], mean_loss: bool,
-                max_samples: int | None = None) -> dict[str, ThorLayer]:
+                forward_id: Callable[[], int], mean_loss: bool, max_samples: int | None = None,
+                max_dim: int | None = None) -> dict[str, ThorLayer]:
     """Every trainable Conv2d/Linear (subclasses included) becomes a THOR layer. A weight shared by two
     modules keeps the plain gradient (its two Kronecker estimates would disagree), with a warning."""
     layers: dict[str, ThorLayer] = {}
@@ -133,7 +135,8 @@ def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[]
             continue
         owner[id(m.weight)] = name
         w = m.weight
-        blocks = block_size(w[0].numel(), split_dim), block_size(w.shape[0] // getattr(m, "groups", 1), split_dim)
+        blocks = (block_size(w[0].numel(), split_dim, max_dim),
+                  block_size(w.shape[0] // getattr(m, "groups", 1), split_dim, max_dim))
         layers[name] = ThorLayer(name, m, LayerCapture(m, blocks, grad_scale, forward_id, mean_loss,
                                                                  max_samples))
     return layers

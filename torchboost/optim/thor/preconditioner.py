@@ -47,7 +47,8 @@ class ThorPreconditioner:
     statistics from at most this many samples of the batch: a cheaper, unbiased estimate of A and G),
     `kl_clip` (K-FAC's trust region: one scale min(1, sqrt(kl_clip / |lr^2 sum <P g, g>|)) on every
     preconditioned gradient, the sum over the whole model as in kfac-pytorch), `batchnorm` "none" | "unit_wise"
-    (BatchNorm scale/shift gradients times each channel's damped 2x2 Fisher inverse; see `unitwise`)."""
+    (BatchNorm scale/shift gradients times each channel's damped 2x2 Fisher inverse; see `unitwise`),
+    `max_dim` (a factor side wider than this keeps only its diagonal: no d^3 work for very wide factors)."""
 
     def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
                  split_dim: int | None = 128, loss_scale: float = 1.0, *, factor_interval: int | None = None,
@@ -59,9 +60,9 @@ class ThorPreconditioner:
                  split_indices: Sequence[int] | None = None,
                  process_group: dist.ProcessGroup | None = None, graft: str = "none",
                  factor_samples: int | None = None, kl_clip: float | None = None,
-                 batchnorm: str = "none") -> None:
+                 batchnorm: str = "none", max_dim: int | None = None) -> None:
         check_thor_options(dict(graft=graft, factor_samples=factor_samples, damping=damping, frequency=frequency,
-                                kl_clip=kl_clip, batchnorm=batchnorm,
+                                kl_clip=kl_clip, batchnorm=batchnorm, max_dim=max_dim,
                                 split_dim=split_dim, loss_scale=loss_scale,
                                 factor_interval=factor_interval, inv_interval=inv_interval,
                                 factor_decay=factor_decay, inverse_method=inverse_method,
@@ -89,7 +90,7 @@ class ThorPreconditioner:
         self._pre_hook = model.register_forward_pre_hook(DetachedHook(self._count_forward))
         self.layers: dict[str, ThorLayer] = find_layers(model, split_dim, self._grad_scale,
                                                         lambda: self._forward_id, loss_reduction == "mean",
-                                                        factor_samples)
+                                                        factor_samples, max_dim)
         self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
         self.units: dict[str, UnitWiseLayer] = (find_batchnorms(model, self._grad_scale, loss_reduction == "mean",
                                                                 factor_samples)
@@ -176,7 +177,7 @@ class ThorPreconditioner:
         world = thor_dist.world_size(self.process_group)
         if world > 1:
             w = due[0].module.weight
-            shapes = [l.factor_shapes(self.split_dim) for l in due]
+            shapes = [l.factor_shapes() for l in due]
             stats = thor_dist.average_factors(stats, shapes, factor_dtype(w), w.device, self.process_group,
                                               self.split_indices)
         finite = _all_finite([s for s in stats if s is not None])
@@ -236,7 +237,7 @@ class ThorPreconditioner:
         if not todo:
             return
         rank = dist.get_rank(self.process_group) if world > 1 else 0
-        owners = thor_dist.assign_owners([l.inverse_cost(self.split_dim) for l, _ in todo], world)
+        owners = thor_dist.assign_owners([l.inverse_cost() for l, _ in todo], world)
         results: list[tuple[Tensor, Tensor] | None] = []
         for (l, _), owner in zip(todo, owners):
             if owner != rank:
@@ -252,7 +253,7 @@ class ThorPreconditioner:
                 results.append(None)
         if world > 1:
             w = todo[0][0].module.weight
-            results = thor_dist.share_inverses(results, [l.factor_shapes(self.split_dim) for l, _ in todo],
+            results = thor_dist.share_inverses(results, [l.factor_shapes() for l, _ in todo],
                                                factor_dtype(w), w.device, self.process_group)
         for (l, t), r in zip(todo, results):
             l.next_inverse = k + self.inv_interval * l.interval_mult
@@ -279,7 +280,7 @@ class ThorPreconditioner:
                                   f"{len(self.units)}", "load it with the batchnorm option it was saved with")
         self.update_index, self.counters = int(state["update"]), dict(state["counters"])
         for name, l in self.layers.items():
-            l.load(state["layers"][name], self.split_dim)
+            l.load(state["layers"][name])
         for name, u in self.units.items():
             u.load(units[name])
         self._arm_capture()
