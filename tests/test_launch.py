@@ -14,6 +14,10 @@ from torchboost.cli import main
     (["launch", "eval", "--checkpoint", "x.pt"], "error: torchboost launch runs `train ...` on every process — "),
     (["launch", "--nproc-per-node", "0", "train"], "error: --nproc-per-node 0 --max-restarts 0 — use at least 1"),
     (["launch", "train", "-c", "nope"], "error: unknown recipe 'nope'"),
+    (["launch", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:295000", "train"],
+     "error: --rdzv-endpoint 10.0.0.1:295000 is not HOST:PORT — give one node's address"),
+    (["launch", "--nnodes", "2", "--rdzv-endpoint", "nosuchhost.invalid:29500", "train", "--set", "dist.timeout_s=5",
+      "-o", "never-written"], "error: cannot reach the rendezvous at nosuchhost.invalid:29500: "),
 ])
 def test_launch_refuses_with_one_line(argv, message, capsys):
     assert main(argv) == 2

@@ -95,6 +95,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if args.nnodes != "1" and args.rdzv_endpoint is None:
         raise ConfigError(f"--nnodes {args.nnodes} needs the rendezvous address", "add --rdzv-endpoint HOST:PORT "
                           "(one node's address, the same on every node)")
+    host, _, port = (args.rdzv_endpoint or "").rpartition(":")
+    if args.rdzv_endpoint is not None and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"--rdzv-endpoint {args.rdzv_endpoint} is not HOST:PORT", "give one node's address and a "
+                          "free port, e.g. --rdzv-endpoint 10.0.0.1:29500")
     train = build_parser().parse_args(args.train)
     command = list(args.train)
     if train.resume is None and not train.overwrite:  # the same command, run again, continues the run
