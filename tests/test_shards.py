@@ -268,7 +268,8 @@ def test_brace_patterns_and_pipe_commands_read_the_same_samples(tmp_path):
     pattern = str(tmp_path / "train-{000000..000002}.tar")
     piped = f"pipe:cat {tmp_path}/train-{{000000..000002}}.tar"
     for p in (pattern, piped):
-        assert ids(build_loader(open_shards(tmp_path, "train", pixel_id, pattern=p), 3, False)) == plain == list(range(12))
+        got = ids(build_loader(open_shards(tmp_path, "train", pixel_id, pattern=p), 3, False))
+        assert got == plain == list(range(12))
     with pytest.raises(DataError, match="names 2 shard"):
         open_shards(tmp_path, "train", pixel_id, pattern=str(tmp_path / "train-{000000..000001}.tar"))
     failing = open_shards(tmp_path, "train", pixel_id, pattern="pipe:cat /nonexistent/{a,b,c}.tar")
@@ -283,8 +284,12 @@ def _rewrite(path: Path, members: list[tuple[str, bytes]]) -> None:
             add(tar, name, data)
 
 
-def _read_all(folder: Path) -> None:
-    for _ in build_loader(open_shards(folder, "train", pixel_id), 2, False):
+def _read_all(folder: Path, piped: bool = False) -> None:
+    """Read every sample: from the files (headers, then image bytes by offset) or through `pipe:cat` (a stream)."""
+    names = read_index(folder).splits["train"].filenames
+    braced = names[0] if len(names) == 1 else f"{{{','.join(names)}}}"
+    pattern = f"pipe:cat {folder}/{braced}" if piped else None
+    for _ in build_loader(open_shards(folder, "train", pixel_id, pattern=pattern), 2, False):
         pass
 
 
@@ -324,13 +329,14 @@ HOSTILE = {
 }
 
 
+@pytest.mark.parametrize("piped", [False, True], ids=["file", "pipe"])
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_hostile_shards_are_one_line_errors_naming_the_shard(tmp_path, case):
+def test_hostile_shards_are_one_line_errors_naming_the_shard(tmp_path, case, piped):
     write_shards(tmp_path, [3, 3])
     damage, message = HOSTILE[case]
     damage(tmp_path / "train-000000.tar")
     with pytest.raises(DataError, match=message) as e:
-        _read_all(tmp_path)
+        _read_all(tmp_path, piped)
     text = f"{e.value.what} — {e.value.fix}"
     assert "\n" not in text and "train-000000.tar" in text
 
@@ -356,10 +362,11 @@ def test_damaged_shards_read_or_fail_in_one_line(tmp_path_factory, cut, flips):
         if at < len(data):
             data[at] ^= xor
     shard.write_bytes(bytes(data[: len(data) - cut]))
-    try:
-        _read_all(folder)
-    except DataError as e:
-        assert "\n" not in f"{e.what} — {e.fix}" and "train-000000.tar" in e.what
+    for piped in (False, True):
+        try:
+            _read_all(folder, piped)
+        except DataError as e:
+            assert "\n" not in f"{e.what} — {e.fix}" and "train-000000.tar" in e.what
 
 
 def test_cli_refuses_a_hostile_shard_in_one_line_and_exports(tmp_path, capsys, digits):
@@ -378,3 +385,45 @@ def test_cli_refuses_a_hostile_shard_in_one_line_and_exports(tmp_path, capsys, d
     assert main(["export-shards", str(tmp_path / "nothing"), str(tmp_path / "o2")]) == 2
     assert "no train/, val/ or test/ folder" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+# --- real processes -------------------------------------------------------------------------------------
+def _rank(folder: str) -> dict:
+    from torch import nn
+
+    from torchboost.dist import init_distributed
+    from torchboost.train.model import Model
+
+    info = init_distributed(timeout_s=60)
+    kw = dict(rank=info.rank, world_size=info.world_size)
+    train = build_loader(open_shards(folder, "train", pixel_id, buffer=4), 2, True, workers=1, seed=3, **kw)
+    seen, steps = [], 0
+    for x, _ in train:  # a collective per step: unequal step counts would hang here (launch's timeout ends it)
+        seen += x.tolist()
+        torch.distributed.all_reduce(torch.ones(()))
+        steps += 1
+    transform = EvalTransform(2, (0.5,), (0.5,), crop_pct=1.0)
+    evaluation = build_loader(open_shards(folder, "train", transform), 4, False, **kw)
+    torch.manual_seed(0)
+    metrics = Model(nn.Sequential(nn.Flatten(), nn.Linear(4, 7)), nn.CrossEntropyLoss(), device="cpu").eval(evaluation)
+    every = ids(build_loader(open_shards(folder, "train", pixel_id), 4, False, **kw))
+    return {"train": seen, "steps": steps, "eval": every, "metrics": metrics}
+
+
+@pytest.mark.dist
+def test_two_gloo_processes_take_equal_steps_on_uneven_shards_and_evaluate_every_image_once(tmp_path):
+    from torchboost.dist import launch
+    from torchboost.recipe.load import load_config
+    from torchboost.recipe.resolve import fit_batch
+
+    lengths = [5, 7, 6, 9, 4]  # uneven: 2 shards per process, the 2 smallest (4 + 5) = 9 samples each
+    write_shards(tmp_path, lengths)
+    ranks = launch(_rank, 2, str(tmp_path), timeout_s=120, start_method="fork")
+    assert [r["steps"] for r in ranks] == [4, 4]  # 9 // 2 whole batches on both
+    assert len(set(ranks[0]["train"] + ranks[1]["train"])) == 16  # disjoint
+    assert sorted(ranks[0]["eval"] + ranks[1]["eval"]) == list(range(sum(lengths)))
+    assert all(r["metrics"]["samples"] == sum(lengths) for r in ranks)  # summed across processes
+    # The batch rule sees the same share: a batch of 12 becomes one batch of 9 per process.
+    ds = open_shards(tmp_path, "train")
+    cfg, note = fit_batch(load_config("digits-lenet", ["data.batch_size=12"]), len(ds), 2, ds.share(2))
+    assert cfg.data.batch_size == 9 and "9 training images" in note

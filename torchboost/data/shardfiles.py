@@ -17,11 +17,13 @@ pattern names the same files in both.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
+import os
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +44,42 @@ RE_EXPORT = "re-create the shards with torchboost export-shards, or remove this 
 
 @dataclass(frozen=True)
 class Sample:
-    """One sample read from a shard: where it came from, its class index and its encoded image."""
+    """One sample read from a shard: where it came from, its class index and its encoded image (the bytes,
+    or where they lie in a local shard file, read when the sample is decoded)."""
 
     shard: str  # the shard's name as the user gave it (path or pipe command), for messages
     key: str
     label: int
     field: str  # the image member's extension (jpg, png, ...)
-    data: bytes
+    data: bytes | MemberRef
+
+    def image_bytes(self) -> bytes:
+        if isinstance(self.data, bytes):
+            return self.data
+        data = os.pread(self.data.file.fd, self.data.size, self.data.offset)
+        if len(data) != self.data.size:  # the file changed after its header was read
+            raise DataError(f"shard {self.shard} sample {self.key}: the image is cut short", RE_EXPORT)
+        return data
+
+
+class _OpenFile:
+    """A file descriptor closed when the last sample pointing into its file is gone."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass(frozen=True)
+class MemberRef:
+    """Where a member's bytes lie in a local shard file. Loader workers read every sample's headers but
+    decode only their share, so a local shard's image bytes are read only by the worker that decodes them."""
+
+    file: _OpenFile
+    offset: int
+    size: int
 
 
 def expand_shards(pattern: str) -> list[str]:
@@ -116,7 +147,9 @@ def split_name(name: str) -> tuple[str, str]:
     return (name, "") if dot < 0 else (name[:dot], name[dot + 1:].lower())
 
 
-def _label(shard: str, key: str, raw: bytes, num_classes: int) -> int:
+def _label(shard: str, key: str, raw: bytes | MemberRef, num_classes: int) -> int:
+    if isinstance(raw, MemberRef):
+        raw = os.pread(raw.file.fd, raw.size, raw.offset)  # at most MAX_CLS_BYTES
     text = raw.decode("ascii", errors="replace").strip()
     if not (text.isdigit() and text.isascii()):
         raise DataError(f"shard {shard} sample {key}: .cls holds {text[:20]!r}, not a class index", RE_EXPORT)
@@ -127,7 +160,8 @@ def _label(shard: str, key: str, raw: bytes, num_classes: int) -> int:
     return label
 
 
-def _sample(shard: str, key: str, fields: dict[str, bytes], num_classes: int, last: bool = False) -> Sample:
+def _sample(shard: str, key: str, fields: dict[str, bytes | MemberRef], num_classes: int, last: bool = False
+            ) -> Sample:
     # tarfile ends a stream cut inside a header as if it were complete: the last sample then lacks a field.
     which = f"shard {shard} ends inside sample {key}, which" if last else f"shard {shard} sample {key}"
     images = [f for f in IMAGE_FIELDS if f in fields]
@@ -141,31 +175,55 @@ def _sample(shard: str, key: str, fields: dict[str, bytes], num_classes: int, la
     return Sample(shard, key, _label(shard, key, fields["cls"], num_classes), images[0], fields[images[0]])
 
 
+def _member_ref(file: _OpenFile, size: int, member: tarfile.TarInfo) -> MemberRef:
+    if member.offset_data + member.size > size:  # claims more than the file holds (the cap was checked first)
+        raise EOFError(f"member {member.name[:80]} is cut short")
+    return MemberRef(file, member.offset_data, member.size)
+
+
+def _members(stream: IO[bytes]) -> Iterator[tuple[tarfile.TarInfo, Callable[[], bytes | MemberRef]]]:
+    """(member, a function giving its data) of a tar stream. A local uncompressed file is read by seeking:
+    only headers are read here, data become MemberRefs read later by the worker that decodes them. Anything
+    else (a pipe, a compressed shard) is read as a stream, data as bytes."""
+    if stream.seekable():
+        try:
+            tar = tarfile.open(fileobj=stream, mode="r:")
+        except tarfile.ReadError:  # compressed (or broken): the stream reader says which
+            stream.seek(0)
+        else:
+            file, size = _OpenFile(os.dup(stream.fileno())), os.fstat(stream.fileno()).st_size
+            for member in tar:
+                yield member, functools.partial(_member_ref, file, size, member)
+            return
+    with tarfile.open(fileobj=stream, mode="r|*") as tar:
+        for member in tar:
+            yield member, lambda m=member: tar.extractfile(m).read()
+
+
 def read_samples(shard: str, stream: IO[bytes], num_classes: int) -> Iterator[Sample]:
     """The samples of one tar stream, in order. Every member is size-checked from its header before its bytes
     are read; a truncated or malformed tar, a missing field or a bad class index is one DataError naming the
     shard (and the sample's key)."""
     key, fields = None, {}
     try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile() or member.name.rsplit("/", 1)[-1].startswith("__"):
-                    continue
-                k, field = split_name(member.name)
-                cap = MAX_CLS_BYTES if field == "cls" else MAX_MEMBER_BYTES
-                if member.size > cap:
-                    raise DataError(f"shard {shard} member {member.name[:80]} claims {member.size:,} bytes "
-                                    f"(limit {cap:,})", RE_EXPORT)
-                if k != key:
-                    if key is not None:
-                        yield _sample(shard, key, fields, num_classes)
-                    key, fields = k, {}
-                if field in fields:
-                    raise DataError(f"shard {shard} sample {key} has two .{field} members", RE_EXPORT)
-                data = tar.extractfile(member).read()
-                if len(data) != member.size:
-                    raise EOFError(f"member {member.name[:80]} is cut short")
-                fields[field] = data
+        for member, data in _members(stream):
+            if not member.isfile() or member.name.rsplit("/", 1)[-1].startswith("__"):
+                continue
+            k, field = split_name(member.name)
+            cap = MAX_CLS_BYTES if field == "cls" else MAX_MEMBER_BYTES
+            if member.size > cap:
+                raise DataError(f"shard {shard} member {member.name[:80]} claims {member.size:,} bytes "
+                                f"(limit {cap:,})", RE_EXPORT)
+            if k != key:
+                if key is not None:
+                    yield _sample(shard, key, fields, num_classes)
+                key, fields = k, {}
+            if field in fields:
+                raise DataError(f"shard {shard} sample {key} has two .{field} members", RE_EXPORT)
+            value = data()
+            if isinstance(value, bytes) and len(value) != member.size:
+                raise EOFError(f"member {member.name[:80]} is cut short")
+            fields[field] = value
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:  # ValueError: corrupt compressed stream
         raise DataError(f"shard {shard} is not a readable tar file ({type(e).__name__}: {e})", RE_EXPORT) from None
     if key is not None:

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from torchboost.data.folder import IMAGE_ERRORS, check_transform, open_image
@@ -77,6 +78,9 @@ class ShardDataset(IterableDataset):
             raise DataError(f"{len(shards)} shard(s) for {len(lengths)} sample count(s)",
                             "give one sample count per shard (from the shard index)")
         check_transform(transform)
+        # Pillow imports its common format plugins on the first open of an in-memory file (a path imports only
+        # its extension's): once here, before loader workers fork, not in every worker (~0.2 s each).
+        Image.preinit()
         self.shards, self.lengths, self.classes = list(shards), [int(n) for n in lengths], list(classes)
         self.transform, self.buffer = transform, max(1, int(buffer))
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).tolist()
@@ -162,7 +166,7 @@ class ShardDataset(IterableDataset):
 
     def _decode(self, index: int, sample: Sample, epoch: int) -> tuple[Any, int]:
         try:
-            with open_image(io.BytesIO(sample.data)) as img:
+            with open_image(io.BytesIO(sample.image_bytes())) as img:
                 if self.transform is None:
                     img.load()
                     return img, sample.label
@@ -215,7 +219,8 @@ def open_shards(folder: str | Path, split: str, transform: Callable[..., Any] | 
         shards = expand_shards(pattern)
         if len(shards) != len(part.filenames):
             raise DataError(f"the shard pattern {pattern[:80]!r} names {len(shards)} shard(s) but the index's "
-                            f"{name} split has {len(part.filenames)}", "give one shard per entry of the index, in its order")
+                            f"{name} split has {len(part.filenames)}",
+                            "give one shard per entry of the index, in its order")
     else:
         shards = [str(index.folder / f) for f in part.filenames]
     return ShardDataset(shards, part.lengths, part.classes, transform, buffer)

@@ -73,9 +73,9 @@ def _check_data(cfg: Config) -> None:
     if d.random_shift and not kind.shift:
         raise ConfigError(f"data.random_shift does not apply to data.dataset={d.dataset}", "drop data.random_shift")
     if not kind.streamed and (d.train_shards or d.eval_shards):
+        streamed = ", ".join(k for k, e in DATA_KINDS.items() if e.streamed)
         raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
-                          f"use a data set read from shards ({', '.join(k for k, e in DATA_KINDS.items() if e.streamed)})"
-                          " or drop them")
+                          f"use a data set read from shards ({streamed}) or drop them")
     if kind.streamed and d.skip_corrupt:
         raise ConfigError(f"data.skip_corrupt is not supported for data.dataset={d.dataset}",
                           "export the shards from a folder without corrupt images (export-shards checks each file)")

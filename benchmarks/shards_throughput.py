@@ -1,0 +1,190 @@
+"""Images/s of the ImageNet training transform read from tar shards vs from the same images in a folder.
+
+Generates photo-like 1024×768 JPEGs (quality 90, `data_pipeline.photo`) as an image folder and exports them
+with `export_shards`, once on a tmpfs (/dev/shm) and once on disk. Each row times whole epochs of a
+training loader (`build_loader(..., train=True)`: RandomResizedCrop 224 + flip + normalize, JPEG draft
+decoding) over the folder (`ImageFolder`) and over the shards (`ShardDataset`, default shuffle buffer),
+with 1 loader worker and several. The two sources alternate epoch by epoch (rotating which goes first);
+each figure is the median of --repeats epochs after one untimed epoch.
+
+Two figures per source: images per CPU-second (the loader's whole cost: its worker processes and the main
+process, so what a dedicated core would deliver; workers are not persistent so their CPU time is collected
+when they exit each epoch) and wall-clock images/s. The machine is shared, so the wall figure moves with
+other people's load; the CPU figure is the comparison, and the ratio is taken on it.
+
+warm: files in the page cache. cold (disk only): every file's cached pages are dropped before each epoch
+with posix_fadvise(DONTNEED) after an fsync, which needs no root (the machine refuses
+/proc/sys/vm/drop_caches); fincore, when installed, reports what is left. On a virtual disk the host may
+still cache the blocks. tmpfs has no cold state (memory is its storage).
+
+"Where the time goes": one process, no loader, µs of CPU per image: reading the bytes (folder: open + read
+per file; shards: the tar headers through `read_samples`, then each image by offset), decoding +
+transforming from memory.
+
+Run: .venv/bin/python benchmarks/shards_throughput.py [--images 300] [--workers 1 2 4] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_pipeline import photo
+from torchboost.data import ImageFolder, build_loader, export_shards, open_shards, set_epoch
+from torchboost.data.folder import find_samples, open_image
+from torchboost.data.shardfiles import open_shard, read_samples
+from torchboost.data.transforms import IMAGENET_MEAN, IMAGENET_STD, train_transform
+
+W, H, CLASSES, BATCH = 1024, 768, 10, 32
+
+
+def make_data(root: Path, images: int, shard_size: int) -> None:
+    for i in range(images):
+        folder = root / "folder" / "train" / f"c{i % CLASSES}"
+        folder.mkdir(parents=True, exist_ok=True)
+        photo(W, H, seed=i).save(folder / f"{i:05d}.jpg", quality=90)
+    export_shards(root / "folder", root / "shards", shard_size=shard_size)
+
+
+def data_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def evict(files: list[Path]) -> None:
+    """Drop the files' pages from the page cache (no root needed; only clean pages can go, hence the fsync)."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def resident_mb(files: list[Path]) -> float | None:
+    """Megabytes of the files in the page cache (fincore), None without fincore."""
+    if not shutil.which("fincore"):
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files)],
+                         capture_output=True, text=True).stdout
+    return sum(int(v) for v in out.split()) / 2**20
+
+
+def loaders(root: Path, workers: int) -> dict:
+    transform = train_transform(224, IMAGENET_MEAN, IMAGENET_STD, augment="imagenet")
+    sets = {"folder": ImageFolder(root / "folder" / "train", transform),
+            "shards": open_shards(root / "shards", "train", transform)}
+    return {name: build_loader(ds, BATCH, True, workers=workers, seed=0, persistent_workers=False)
+            for name, ds in sets.items()}
+
+
+def cpu_seconds() -> float:
+    t = os.times()  # children: worker processes that have exited (and been waited for)
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def epoch_rates(loader, epoch: int) -> tuple[float, float]:
+    """(images per CPU-second, images per wall-second) of one epoch."""
+    set_epoch(loader, epoch)
+    c0, t0, n = cpu_seconds(), time.perf_counter(), 0
+    for x, _ in loader:
+        n += len(x)
+    wall = time.perf_counter() - t0
+    return n / (cpu_seconds() - c0), n / wall
+
+
+def row(root: Path, workers: int, cold: bool, repeats: int) -> dict[str, tuple[float, float]]:
+    files = data_files(root)
+    pair = loaders(root, workers)
+    for loader in pair.values():
+        epoch_rates(loader, 0)  # fills the cache
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in pair}
+    left = []
+    for rep in range(repeats):
+        for name in (list(pair) if rep % 2 == 0 else list(pair)[::-1]):
+            if cold:
+                evict(files)
+                left.append(resident_mb(files))
+            rates[name].append(epoch_rates(pair[name], rep + 1))
+    if cold and left and left[0] is not None:
+        print(f"    (cold: at most {max(left):.1f} MB of the data left in the page cache after eviction)")
+    return {name: (statistics.median(c for c, _ in r), statistics.median(w for _, w in r)) for name, r in rates.items()}
+
+
+def breakdown(root: Path) -> dict[str, float]:
+    """Microseconds per image: reading bytes (each source), decoding + transforming them (shared)."""
+    _, samples = find_samples(root / "folder" / "train")
+    t0 = time.process_time()
+    blobs = [Path(p).read_bytes() for p, _ in samples]
+    folder_read = time.process_time() - t0
+    t0 = time.process_time()
+    n = 0
+    for shard in sorted((root / "shards").glob("*.tar")):
+        with open_shard(str(shard)) as stream:
+            n += sum(len(s.image_bytes()) > 0 for s in read_samples(str(shard), stream, CLASSES))
+    shard_read = time.process_time() - t0
+    transform = train_transform(224, IMAGENET_MEAN, IMAGENET_STD, augment="imagenet")
+    rng = np.random.default_rng(0)
+    t0 = time.process_time()
+    for b in blobs:
+        with open_image(io.BytesIO(b)) as img:
+            transform(img, rng)
+    decode = time.process_time() - t0
+    assert n == len(blobs)
+    us = 1e6 / len(blobs)
+    return {"folder read": folder_read * us, "shards read": shard_read * us, "decode+transform": decode * us}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=300)
+    ap.add_argument("--shard-size", type=int, default=50)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--disk", default=tempfile.gettempdir(), help="a folder on disk (default: the temp folder)")
+    args = ap.parse_args()
+    flags = sorted(set(re.findall(r"avx512\w*|amx\w*", Path("/proc/cpuinfo").read_text())))
+    print(f"cpus {os.cpu_count()}, torch threads {torch.get_num_threads()}, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, flags: {' '.join(flags) or 'none of avx512/amx'}")
+    print(f"{args.images} JPEGs {W}x{H} q90 in {CLASSES} classes, shards of {args.shard_size}, batch {BATCH}, "
+          f"median of {args.repeats} epochs per figure")
+    ratios = []
+    print(f"{'storage':<8} {'cache':<5} {'workers':>7} {'folder img/CPU-s':>17} {'shards img/CPU-s':>17} "
+          f"{'shards/folder':>14} {'folder img/s':>13} {'shards img/s':>13}")
+    for place, base in (("tmpfs", "/dev/shm"), ("disk", args.disk)):
+        root = Path(tempfile.mkdtemp(prefix="shards-bench-", dir=base))
+        try:
+            make_data(root, args.images, args.shard_size)
+            mb = sum(f.stat().st_size for f in data_files(root / "shards")) / 2**20
+            print(f"  {place}: {root} ({mb:.0f} MB of shards, the same again as files)")
+            for cold in ((False, True) if place == "disk" else (False,)):
+                for workers in args.workers:
+                    r = row(root, workers, cold, args.repeats)
+                    ratios.append(r["shards"][0] / r["folder"][0])
+                    print(f"{place:<8} {'cold' if cold else 'warm':<5} {workers:>7} {r['folder'][0]:>17.1f} "
+                          f"{r['shards'][0]:>17.1f} {ratios[-1]:>13.3f}x {r['folder'][1]:>13.1f} "
+                          f"{r['shards'][1]:>13.1f}", flush=True)
+            if place == "tmpfs":
+                parts = breakdown(root)
+                print("  where the time goes (one process, tmpfs, µs of CPU per image): " +
+                      ", ".join(f"{k} {v:,.0f}" for k, v in parts.items()))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"headline: shards / folder images per CPU-second = {min(ratios):.3f}x at worst, "
+          f"{statistics.median(ratios):.3f}x median, {max(ratios):.3f}x at best over {len(ratios)} rows")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
