@@ -18,8 +18,8 @@ with posix_fadvise(DONTNEED) after an fsync, which needs no root (the machine re
 still cache the blocks. tmpfs has no cold state (memory is its storage).
 
 "Where the time goes": one process, no loader, µs of CPU per image: reading the bytes (folder: open + read
-per file; shards: the tar headers through `read_samples`, then each image by offset), decoding +
-transforming from memory.
+per file; shards: walking the tar headers through `read_samples` and reading each image, or reading each
+sample with one pread through the offsets table), decoding + transforming from memory.
 
 Run: .venv/bin/python benchmarks/shards_throughput.py [--images 300] [--workers 1 2 4] [--repeats 5]
 """
@@ -44,7 +44,8 @@ import torch
 from data_pipeline import photo
 from torchboost.data import ImageFolder, build_loader, export_shards, open_shards, set_epoch
 from torchboost.data.folder import find_samples, open_image
-from torchboost.data.shardfiles import open_shard, read_samples
+from torchboost.data.shardfiles import index_split, open_shard, read_index, read_samples
+from torchboost.data.shardoffsets import offsets_path, read_offsets, read_sample_at
 from torchboost.data.transforms import IMAGENET_MEAN, IMAGENET_STD, train_transform
 
 W, H, CLASSES, BATCH = 1024, 768, 10, 32
@@ -135,6 +136,18 @@ def breakdown(root: Path) -> dict[str, float]:
         with open_shard(str(shard)) as stream:
             n += sum(len(s.image_bytes()) > 0 for s in read_samples(str(shard), stream, CLASSES))
     shard_read = time.process_time() - t0
+    assert n == len(blobs)
+    t0 = time.process_time()
+    name, part = index_split(read_index(root / "shards"), "train")
+    starts = read_offsets(offsets_path(root / "shards", name), part.lengths)
+    for f, table in zip(part.filenames, starts):
+        fd = os.open(root / "shards" / f, os.O_RDONLY)
+        try:
+            n -= sum(len(read_sample_at(f, fd, int(a), int(b), CLASSES).image_bytes()) > 0
+                     for a, b in zip(table[:-1], table[1:]))
+        finally:
+            os.close(fd)
+    offset_read = time.process_time() - t0
     transform = train_transform(224, IMAGENET_MEAN, IMAGENET_STD, augment="imagenet")
     rng = np.random.default_rng(0)
     t0 = time.process_time()
@@ -142,9 +155,10 @@ def breakdown(root: Path) -> dict[str, float]:
         with open_image(io.BytesIO(b)) as img:
             transform(img, rng)
     decode = time.process_time() - t0
-    assert n == len(blobs)
+    assert n == 0  # every sample read both ways
     us = 1e6 / len(blobs)
-    return {"folder read": folder_read * us, "shards read": shard_read * us, "decode+transform": decode * us}
+    return {"folder open+read": folder_read * us, "shards header walk+read": shard_read * us,
+            "shards read by offset": offset_read * us, "decode+transform": decode * us}
 
 
 def main() -> None:

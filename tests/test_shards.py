@@ -356,17 +356,22 @@ def test_an_index_cannot_name_paths_or_commands(tmp_path, name):
 def test_damaged_shards_read_or_fail_in_one_line(tmp_path_factory, cut, flips):
     folder = tmp_path_factory.mktemp("d")
     write_shards(folder, [4])
+    for piped in (False, True):
+        _damage_and_read(folder, flips, cut, piped)
+
+
+def _damage_and_read(folder: Path, flips: list[tuple[int, int]], cut: int, piped: bool = False) -> None:
+    """Flip bytes of the first shard and cut its end; reading it either works or is one line naming it."""
     shard = folder / "train-000000.tar"
     data = bytearray(shard.read_bytes())
     for at, xor in flips:
         if at < len(data):
             data[at] ^= xor
     shard.write_bytes(bytes(data[: len(data) - cut]))
-    for piped in (False, True):
-        try:
-            _read_all(folder, piped)
-        except DataError as e:
-            assert "\n" not in f"{e.what} — {e.fix}" and "train-000000.tar" in e.what
+    try:
+        _read_all(folder, piped)
+    except DataError as e:
+        assert "\n" not in f"{e.what} — {e.fix}" and "train-000000.tar" in e.what
 
 
 def test_cli_refuses_a_hostile_shard_in_one_line_and_exports(tmp_path, capsys, digits):
@@ -427,3 +432,87 @@ def test_two_gloo_processes_take_equal_steps_on_uneven_shards_and_evaluate_every
     ds = open_shards(tmp_path, "train")
     cfg, note = fit_batch(load_config("digits-lenet", ["data.batch_size=12"]), len(ds), 2, ds.share(2))
     assert cfg.data.batch_size == 9 and "9 training images" in note
+
+
+# --- the offsets table -----------------------------------------------------------------------------------
+def _batches(folder: Path, workers: int) -> list:
+    transform = train_transform(12, (0.5,), (0.5,), augment="imagenet")
+    loader = build_loader(open_shards(folder, "train", transform, buffer=50), 16, True, workers=workers, seed=2)
+    set_epoch(loader, 1, skip=3 * 16)
+    return list(loader)
+
+
+def test_reading_by_offsets_gives_what_reading_headers_gives(digits, tmp_path):
+    import shutil
+
+    from torchboost.data.shardoffsets import offsets_path
+
+    shutil.copytree(digits / "shards", tmp_path / "plain")
+    offsets_path(tmp_path / "plain", "train").unlink()  # headers only
+    assert open_shards(digits / "shards", "train").starts is not None
+    assert open_shards(tmp_path / "plain", "train").starts is None
+    by_offsets, by_headers = _batches(digits / "shards", 2), _batches(tmp_path / "plain", 0)
+    assert len(by_offsets) == len(by_headers) == 1437 // 16 - 3
+    for (xa, ya), (xb, yb) in zip(by_offsets, by_headers):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def _edit_offsets(folder: Path, edit) -> None:
+    from torchboost.data.shardoffsets import offsets_path
+
+    path = offsets_path(folder, "train")
+    table = np.load(path)
+    path.write_bytes(b"")
+    with open(path, "wb") as f:
+        np.save(f, edit(table))
+
+
+def _shifted(t):
+    t = t.copy()
+    t[5] += 512
+    return t
+
+
+def _past_the_end(t):
+    t = t.copy()
+    t[300] = t[299] + 8 * 512  # shard 0's end (its 300 samples, then the end)
+    return t
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_shifted, "(no tar header|are not one sample's members)"),
+    (_past_the_end, "(ends before byte|no tar header|not one sample)"),
+    (lambda t: t[:-1], "not int64"),
+    (lambda t: t.astype(np.int32), "not int64"),
+    (lambda t: t[::-1].copy(), "not increasing tar blocks"),
+])
+def test_a_tampered_offsets_table_is_one_line(digits, tmp_path, edit, message):
+    import shutil
+
+    shutil.copytree(digits / "shards", tmp_path / "s")
+    with pytest.raises(DataError, match=message) as e:
+        _edit_offsets(tmp_path / "s", edit)
+        for _ in build_loader(open_shards(tmp_path / "s", "train", pixel_id), 64, False):
+            pass
+    assert "\n" not in f"{e.value.what} — {e.value.fix}"
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    for i in range(6):
+        (root / "folder" / "train" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / "folder" / "train" / f"c{i % 2}" / f"{i}.png").write_bytes(id_png(i))
+    export_shards(root / "folder", root / "shards", shard_size=3)
+    return root / "shards"
+
+
+@given(flips=st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 255)), min_size=1, max_size=4),
+       cut=st.integers(0, 3000))
+def test_damaged_shards_read_by_offset_read_or_fail_in_one_line(tiny_export, tmp_path_factory, flips, cut):
+    import shutil
+
+    folder = tmp_path_factory.mktemp("o") / "s"
+    shutil.copytree(tiny_export, folder)
+    assert open_shards(folder, "train").starts is not None
+    _damage_and_read(folder, flips, cut)

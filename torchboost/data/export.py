@@ -12,6 +12,7 @@ from PIL import Image
 from torchboost.data.builtin import load_builtin
 from torchboost.data.folder import IMAGE_ERRORS, find_samples, open_image, sample_folder
 from torchboost.data.shardfiles import INDEX_NAME, ShardIndex, ShardSplit, index_json, read_index
+from torchboost.data.shardoffsets import offsets_path, write_offsets
 from torchboost.errors import DataError
 from torchboost.fileio import atomic_path, atomic_write
 
@@ -50,8 +51,9 @@ def _check_image(path: str) -> None:
 def export_shards(folder: str | Path, out: str | Path, shard_size: int = 1000) -> ShardIndex:
     """Write the image folder `folder` (train/ and val/ or test/, one sub-folder per class) as WebDataset tar
     shards `out/{split}-{k:06d}.tar` of `shard_size` samples (`{i:08d}.jpg|png|...` + `{i:08d}.cls`, i the
-    image's index in the folder's order) and the index `out/_info.json`, written last, so an interrupted export
-    leaves no index. Every file is written atomically. Returns the index."""
+    image's index in the folder's order), each split's sample offsets `out/_offsets_{split}.npy` (see
+    `shardoffsets`) and the index `out/_info.json`, written last, so an interrupted export leaves no index.
+    Every file is written atomically. Returns the index."""
     folder, out = Path(folder), Path(out)
     if shard_size < 1:
         raise DataError(f"--shard-size {shard_size} is not a positive sample count", "use e.g. --shard-size 1000")
@@ -62,17 +64,22 @@ def export_shards(folder: str | Path, out: str | Path, shard_size: int = 1000) -
     splits = {}
     for name in present:
         classes, samples = find_samples(folder / name)
-        files, lengths = [], []
+        files, lengths, starts = [], [], []
         for k, start in enumerate(range(0, len(samples), shard_size)):
             chunk = samples[start : start + shard_size]
             files.append(f"{name}-{k:06d}.tar")
             lengths.append(len(chunk))
+            starts.append([])
             with atomic_path(out / files[-1]) as tmp, tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
                 for i, (path, label) in enumerate(chunk, start):
                     _check_image(path)
                     field = Path(path).suffix.lower().lstrip(".").replace("jpeg", "jpg")  # webdataset's/timm's jpg
+                    starts[-1].append(tar.offset)
                     _add(tar, f"{i:08d}.{field}", Path(path).read_bytes())
                     _add(tar, f"{i:08d}.cls", str(label).encode())
+                starts[-1].append(tar.offset)  # the end of the last sample (the end-of-archive blocks follow)
+        with atomic_path(offsets_path(out, name)) as tmp, open(tmp, "wb") as f:
+            write_offsets(f, starts)
         splits[name] = ShardSplit(files, lengths, classes)
     sample = sample_folder(folder / present[0])
     atomic_write(out / INDEX_NAME, index_json(splits, sample))

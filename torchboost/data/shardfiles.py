@@ -62,7 +62,7 @@ class Sample:
         return data
 
 
-class _OpenFile:
+class OpenFile:
     """A file descriptor closed when the last sample pointing into its file is gone."""
 
     def __init__(self, fd: int) -> None:
@@ -77,7 +77,7 @@ class MemberRef:
     """Where a member's bytes lie in a local shard file. Loader workers read every sample's headers but
     decode only their share, so a local shard's image bytes are read only by the worker that decodes them."""
 
-    file: _OpenFile
+    file: OpenFile
     offset: int
     size: int
 
@@ -160,7 +160,7 @@ def _label(shard: str, key: str, raw: bytes | MemberRef, num_classes: int) -> in
     return label
 
 
-def _sample(shard: str, key: str, fields: dict[str, bytes | MemberRef], num_classes: int, last: bool = False
+def make_sample(shard: str, key: str, fields: dict[str, bytes | MemberRef], num_classes: int, last: bool = False
             ) -> Sample:
     # tarfile ends a stream cut inside a header as if it were complete: the last sample then lacks a field.
     which = f"shard {shard} ends inside sample {key}, which" if last else f"shard {shard} sample {key}"
@@ -175,7 +175,7 @@ def _sample(shard: str, key: str, fields: dict[str, bytes | MemberRef], num_clas
     return Sample(shard, key, _label(shard, key, fields["cls"], num_classes), images[0], fields[images[0]])
 
 
-def _member_ref(file: _OpenFile, size: int, member: tarfile.TarInfo) -> MemberRef:
+def _member_ref(file: OpenFile, size: int, member: tarfile.TarInfo) -> MemberRef:
     if member.offset_data + member.size > size:  # claims more than the file holds (the cap was checked first)
         raise EOFError(f"member {member.name[:80]} is cut short")
     return MemberRef(file, member.offset_data, member.size)
@@ -191,7 +191,7 @@ def _members(stream: IO[bytes]) -> Iterator[tuple[tarfile.TarInfo, Callable[[], 
         except tarfile.ReadError:  # compressed (or broken): the stream reader says which
             stream.seek(0)
         else:
-            file, size = _OpenFile(os.dup(stream.fileno())), os.fstat(stream.fileno()).st_size
+            file, size = OpenFile(os.dup(stream.fileno())), os.fstat(stream.fileno()).st_size
             for member in tar:
                 yield member, functools.partial(_member_ref, file, size, member)
             return
@@ -216,7 +216,7 @@ def read_samples(shard: str, stream: IO[bytes], num_classes: int) -> Iterator[Sa
                                 f"(limit {cap:,})", RE_EXPORT)
             if k != key:
                 if key is not None:
-                    yield _sample(shard, key, fields, num_classes)
+                    yield make_sample(shard, key, fields, num_classes)
                 key, fields = k, {}
             if field in fields:
                 raise DataError(f"shard {shard} sample {key} has two .{field} members", RE_EXPORT)
@@ -227,7 +227,7 @@ def read_samples(shard: str, stream: IO[bytes], num_classes: int) -> Iterator[Sa
     except (tarfile.TarError, EOFError, OSError, ValueError) as e:  # ValueError: corrupt compressed stream
         raise DataError(f"shard {shard} is not a readable tar file ({type(e).__name__}: {e})", RE_EXPORT) from None
     if key is not None:
-        yield _sample(shard, key, fields, num_classes, last=True)
+        yield make_sample(shard, key, fields, num_classes, last=True)
 
 
 @dataclass(frozen=True)

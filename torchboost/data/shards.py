@@ -7,9 +7,10 @@ count, as with the folder path's sampler:
    permutation; its samples then pass through a shuffle buffer of `buffer` samples seeded by
    (seed, epoch, rank). Evaluation: shards in index order, rank r reads shards r, r+R, ..., no shuffle.
 2. The stream is cut into batches of the loader's batch size; loader worker w of W decodes batches
-   w, w+W, ... (the order the DataLoader collects them in) and only reads past the others' samples. Every
-   worker reads its rank's shards (on local disk the page cache serves the repeats); decoding, the costly
-   part, is split W ways.
+   w, w+W, ... (the order the DataLoader collects them in). With the offsets table export-shards writes
+   (`shardoffsets`), the order is computed from the shard lengths alone and each worker reads only its own
+   samples, by offset; without it (a `pipe:` command, shards from elsewhere) every worker walks the tar
+   headers of its rank's shards and reads only its own samples' image bytes (a pipe's stream whole).
 3. A resume at sample `skip` of the rank's stream replays the shards and the buffer without decoding
    the part already trained on, so it continues in the same order as an uninterrupted epoch.
 
@@ -31,7 +32,9 @@ from __future__ import annotations
 import copy
 import io
 import itertools
+import os
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,11 +46,13 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from torchboost.data.folder import IMAGE_ERRORS, check_transform, open_image
 from torchboost.data.sampling import SampleIndex, sample_rng
-from torchboost.data.shardfiles import (RE_EXPORT, Sample, expand_shards, index_split, open_shard, read_index,
-                                        read_samples)
+from torchboost.data.shardfiles import (PIPE, RE_EXPORT, OpenFile, Sample, expand_shards, index_split, open_shard,
+                                        read_index, read_samples)
+from torchboost.data.shardoffsets import offsets_path, read_offsets, read_sample_at
 from torchboost.errors import DataError
 
 T = TypeVar("T")
+MAX_OPEN = 16  # open shard files per process when reading by offset (the shuffle buffer spans a few shards)
 
 
 def shuffle_buffer(items: Iterable[T], size: int, rng: np.random.Generator) -> Iterator[T]:
@@ -73,7 +78,8 @@ class ShardDataset(IterableDataset):
     """
 
     def __init__(self, shards: Sequence[str], lengths: Sequence[int], classes: Sequence[str],
-                 transform: Callable[..., Any] | None = None, buffer: int = 1000) -> None:
+                 transform: Callable[..., Any] | None = None, buffer: int = 1000,
+                 starts: list[np.ndarray] | None = None) -> None:
         if len(shards) != len(lengths) or not shards:
             raise DataError(f"{len(shards)} shard(s) for {len(lengths)} sample count(s)",
                             "give one sample count per shard (from the shard index)")
@@ -84,6 +90,8 @@ class ShardDataset(IterableDataset):
         self.shards, self.lengths, self.classes = list(shards), [int(n) for n in lengths], list(classes)
         self.transform, self.buffer = transform, max(1, int(buffer))
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).tolist()
+        self.starts = starts  # per shard, where its samples start in the file (shardoffsets); None: read headers
+        self._files: OrderedDict[int, OpenFile] = OrderedDict()  # a few open shards of this process
         self.rank, self.world_size, self.seed, self.shuffle, self.batch_size, self.drop_last = 0, 1, 0, False, 1, False
         # (epoch, skip), in shared memory: persistent worker processes read what the main process sets.
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
@@ -100,6 +108,7 @@ class ShardDataset(IterableDataset):
         part.rank, part.world_size, part.seed, part.shuffle = rank, world_size, seed, shuffle
         part.batch_size, part.drop_last = batch_size, drop_last
         part._position = torch.zeros(2, dtype=torch.int64).share_memory_()
+        part._files = OrderedDict()
         return part
 
     @property
@@ -149,9 +158,27 @@ class ShardDataset(IterableDataset):
             held = f"more than {n}" if count > n else str(count)
             raise DataError(f"shard {shard} holds {held} sample(s) where the index says {n}", RE_EXPORT)
 
-    def stream(self, epoch: int) -> Iterator[tuple[int, Sample]]:
-        """(sample position in the split, sample) of this rank's whole epoch, in order, before batching."""
-        samples = itertools.chain.from_iterable(self._shard_samples(i) for i in self.rank_shards(epoch))
+    def _read_at(self, i: int, k: int) -> Sample:
+        file = self._files.pop(i, None)
+        if file is None:
+            try:
+                file = OpenFile(os.open(self.shards[i], os.O_RDONLY))
+            except OSError as e:
+                raise DataError(f"shard {self.shards[i]} cannot be read ({e.strerror})",
+                                "check data.path and the shard names") from None
+        self._files[i] = file
+        if len(self._files) > MAX_OPEN:
+            self._files.popitem(last=False)
+        return read_sample_at(self.shards[i], file.fd, int(self.starts[i][k]), int(self.starts[i][k + 1]),
+                              len(self.classes))
+
+    def stream(self, epoch: int) -> Iterator[tuple[int, Sample | tuple[int, int]]]:
+        """(sample position in the split, sample) of this rank's whole epoch, in order, before batching. With
+        an offsets table the sample is (shard, position in it), read when decoded: the order is the same."""
+        if self.starts is not None:
+            samples = ((self.offsets[i] + k, (i, k)) for i in self.rank_shards(epoch) for k in range(self.lengths[i]))
+        else:
+            samples = itertools.chain.from_iterable(self._shard_samples(i) for i in self.rank_shards(epoch))
         if self.shuffle:
             samples = shuffle_buffer(samples, self.buffer, np.random.default_rng((self.seed, epoch, self.rank)))
         return itertools.islice(samples, self.num_samples)
@@ -162,7 +189,7 @@ class ShardDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for pos, (index, sample) in enumerate(self.stream(epoch)):
             if pos >= skip and (pos - skip) // self.batch_size % workers == worker:
-                yield self._decode(index, sample, epoch)
+                yield self._decode(index, sample if isinstance(sample, Sample) else self._read_at(*sample), epoch)
 
     def _decode(self, index: int, sample: Sample, epoch: int) -> tuple[Any, int]:
         try:
@@ -215,6 +242,7 @@ def open_shards(folder: str | Path, split: str, transform: Callable[..., Any] | 
     the sample counts and classes always come from the index."""
     index = read_index(folder)
     name, part = index_split(index, split)
+    starts = None
     if pattern:
         shards = expand_shards(pattern)
         if len(shards) != len(part.filenames):
@@ -223,4 +251,6 @@ def open_shards(folder: str | Path, split: str, transform: Callable[..., Any] | 
                             "give one shard per entry of the index, in its order")
     else:
         shards = [str(index.folder / f) for f in part.filenames]
-    return ShardDataset(shards, part.lengths, part.classes, transform, buffer)
+    if not any(s.startswith(PIPE) for s in shards):  # a command's output is a stream: no offsets into it
+        starts = read_offsets(offsets_path(folder, name), part.lengths)
+    return ShardDataset(shards, part.lengths, part.classes, transform, buffer, starts)
