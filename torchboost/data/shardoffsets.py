@@ -55,23 +55,23 @@ def read_offsets(path: Path, lengths: list[int]) -> list[np.ndarray] | None:
 
 
 def read_sample_at(shard: str, fd: int, start: int, end: int, num_classes: int) -> Sample:
-    """The sample whose tar members fill [start, end) of an open shard file."""
-    chunk = os.pread(fd, end - start, start)
-    if len(chunk) != end - start:
-        raise DataError(f"shard {shard} ends before byte {end:,} (its offsets say a sample lies there)", FIX)
-    key, fields, pos = None, {}, 0
-    while pos < len(chunk):
+    """The sample whose tar members fill [start, end) of an open shard file. Each header and each member's
+    data is read on its own, so the image's bytes are read once, into the object the decoder reads."""
+    key, fields, pos = None, {}, start
+    while pos < end:
         try:
-            member = tarfile.TarInfo.frombuf(chunk[pos:pos + BLOCK], tarfile.ENCODING, "surrogateescape")
+            member = tarfile.TarInfo.frombuf(os.pread(fd, BLOCK, pos), tarfile.ENCODING, "surrogateescape")
         except tarfile.HeaderError as e:
-            raise DataError(f"shard {shard}: no tar header at byte {start + pos:,} ({e})", FIX) from None
+            raise DataError(f"shard {shard}: no tar header at byte {pos:,} ({e})", FIX) from None
         k, field = split_name(member.name)
         cap = MAX_CLS_BYTES if field == "cls" else MAX_MEMBER_BYTES
-        if not member.isfile() or member.size > cap or (key is not None and k != key) or field in fields:
+        stop = pos + BLOCK + -(-member.size // BLOCK) * BLOCK
+        if not member.isfile() or member.size > cap or (key is not None and k != key) or field in fields \
+                or stop > end:
             raise DataError(f"shard {shard}: bytes {start:,}-{end:,} are not one sample's members", FIX)
-        key, data = k, chunk[pos + BLOCK : pos + BLOCK + member.size]
+        key, data = k, os.pread(fd, member.size, pos + BLOCK)
         if len(data) != member.size:
-            raise DataError(f"shard {shard}: member {member.name[:80]} runs past its sample's end", FIX)
+            raise DataError(f"shard {shard} ends inside sample {key} (its offsets say the sample is whole)", FIX)
         fields[field] = data
-        pos += BLOCK + -(-member.size // BLOCK) * BLOCK
+        pos = stop
     return make_sample(shard, key, fields, num_classes)
