@@ -63,6 +63,8 @@ def stop_before_work(monkeypatch, tmp_path):
     monkeypatch.setattr("torchboost.recipe.race.Lane.train_epoch", started)
     monkeypatch.setattr("torchboost.bench.time_steps", started)
     monkeypatch.setattr("torchboost.bench.data_rate", started)
+    monkeypatch.setattr("torchboost.data.export.find_samples", started)  # export-shards, once its input is checked
+    monkeypatch.setattr("torchboost.dist.agent.run_agent", started)  # launch, once every process's run is checked
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)
 
@@ -160,7 +162,11 @@ def inputs(tmp_path_factory) -> dict[str, str]:
 
     (root / "img").mkdir()
     Image.new("L", (8, 8), 128).save(root / "img" / "a.png")
-    return {"ckpt": str(ckpt), "img": str(root / "img" / "a.png"), "root": str(root)}
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (root / "folder" / split / c).mkdir(parents=True)
+            Image.new("L", (8, 8), 100).save(root / "folder" / split / c / "0.png")
+    return {"ckpt": str(ckpt), "img": str(root / "img" / "a.png"), "root": str(root), "folder": str(root / "folder")}
 
 
 def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
@@ -171,6 +177,9 @@ def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
         "predict": ["predict", "--checkpoint", inputs["ckpt"], inputs["img"]],
         "recipes": ["recipes"],
         "export-folder": ["export-folder", "--dataset", "digits", "--out", str(out / "f")],
+        "export-shards": ["export-shards", inputs["folder"], str(out / "s")],
+        "options": ["options"],
+        "launch": ["launch", "train", "--config", "digits-lenet", "-o", str(out / "l")],
         "convert": ["convert", inputs["ckpt"], str(out / "w.safetensors"), "--arch", "none"],
         "align": ["align", "-c", "digits-lenet", "--reference-config", "digits-lenet"],
         "diff-config": ["diff-config", inputs["ckpt"], "digits-lenet"],
@@ -188,7 +197,9 @@ def test_any_value_for_any_flag_of_any_subcommand(flag, value, data, inputs, tmp
     out = tmp_path_factory.mktemp("out")
     argv = base_argv(name, inputs, out)
     action = next(a for a in _flags(_subcommands()[name]) if option in a.option_strings)
-    argv += [option] if action.nargs == 0 else [option, value]
+    drawn = [option] if action.nargs == 0 else [option, value]
+    # launch's own flags go before `train ...`, which takes the rest of the line
+    argv = [argv[0], *drawn, *argv[1:]] if name == "launch" else argv + drawn
     code, _, err = run(argv)
     event(f"flag value: {'refused, one line' if code == 2 else 'accepted' if code in (0, 'started') else code}")
     if code in (0, "started"):

@@ -197,7 +197,8 @@ def check_stem(cfg: Config, state: dict, own: dict) -> None:
     """ImageNet ResNet weights (7x7 stem) onto small images (3x3 small-input stem), or the reverse: name the
     key that decides it rather than a tensor shape."""
     theirs, ours = state.get("conv1.weight"), own.get("conv1.weight")
-    if theirs is None or ours is None or theirs.ndim != 4 or theirs.shape[-1] == ours.shape[-1]:
+    resnets = "layer1.0.conv1.weight" in state and "layer1.0.conv1.weight" in own  # another network: not a stem
+    if not resnets or theirs is None or ours is None or theirs.ndim != 4 or theirs.shape[-1] == ours.shape[-1]:
         return
     k, here = theirs.shape[-1], ours.shape[-1]
     fix = ("set model.small_input=false (ImageNet-stem weights; with data.image_size >= 65, e.g. 224)" if k > here
