@@ -516,3 +516,32 @@ def test_damaged_shards_read_by_offset_read_or_fail_in_one_line(tiny_export, tmp
     shutil.copytree(tiny_export, folder)
     assert open_shards(folder, "train").starts is not None
     _damage_and_read(folder, flips, cut)
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_resumed_mid_epoch_ends_with_the_uninterrupted_weights(digits, tmp_path, one_thread):
+    """The CLI's path: `train` on shards with 2 loader workers, resumed from a mid-epoch checkpoint."""
+    import shutil
+
+    from torchboost.recipe.load import load_config
+    from torchboost.recipe.run import train_from_config
+    from torchboost.train.checkpoint import load_checkpoint
+
+    sets = ["data.dataset=shards", f"data.path={digits / 'shards'}", "data.workers=2", "train.epochs=2",
+            "checkpoint.save_every_steps=7", "checkpoint.keep_max=50", "train.progress_bar=false"]
+    straight = train_from_config(load_config("digits-lenet", sets), output=str(tmp_path / "a"), log=lambda m: None)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    step = {int(p.stem.rsplit("_", 1)[1]): p for p in (tmp_path / "b" / "ckpt").glob("mnist_cnn-2_*.pt")}
+    middle = sorted(k for k in step if 10 < k < 44)[0]  # epoch 2 has 44 updates
+    for k, path in step.items():
+        if k > middle:
+            path.unlink()
+    mid = step[middle]
+    # Resumed with no loader workers: the order does not depend on them.
+    resumed = train_from_config(load_config("digits-lenet", [*sets, "data.workers=0"]), resume=str(mid),
+                                output=str(tmp_path / "b"), log=lambda m: None)
+    a, b = load_checkpoint(straight.last_checkpoint), load_checkpoint(resumed.last_checkpoint)
+    assert straight.last_checkpoint.name == resumed.last_checkpoint.name == "mnist_cnn-2_44.pt"
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert straight.eval_results["val_top_1_accuracy"] == resumed.eval_results["val_top_1_accuracy"]
