@@ -132,7 +132,7 @@ class ShardDataset(IterableDataset):
         if len(self.shards) < world_size:
             raise DataError(f"{len(self.shards)} training shard(s) for {world_size} processes: each process reads "
                             "whole shards", f"write at least {world_size} shards (export-shards --shard-size "
-                            f"{max(1, len(self) // world_size)})")
+                            f"{max(1, sum(self.lengths) // world_size)})")
         return sum(sorted(self.lengths)[: len(self.shards) // world_size])
 
     @property
