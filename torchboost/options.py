@@ -51,6 +51,9 @@ def describe_rules(f: dataclasses.Field) -> str:
     return " and ".join(parts)
 
 
+KIND_WORDS = {int: "an integer", float: "a number", bool: "a true/false", str: "a text"}
+
+
 def check_type(value: Any, tp: Any, where: str) -> Any:
     """`value` checked against a field type (the few shapes our dataclasses use); int -> float coerced."""
     origin = typing.get_origin(tp)
@@ -88,7 +91,7 @@ def check_type(value: Any, tp: Any, where: str) -> Any:
     # bool is a subclass of int: `epochs: true` must not pass as 1.
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"{where} must be {tp.__name__}, got {type(value).__name__} {value!r}",
-                          f"give a {tp.__name__} value")
+                          f"give {KIND_WORDS.get(tp, f'a {tp.__name__}')} value")
     return value
 
 
