@@ -31,6 +31,9 @@ class ThorRecipeOptions(ThorOptions):
 
     damping_decay: Optional[float] = opt(None, gt=0, le=1, help="damping(e) = damping * damping_decay ^ (e / "
                                                                "10) (MindSpore's recipe: 0.5467); unset: constant")
+    first_order_epoch: Optional[float] = opt(None, ge=0, help="curvature early, first-order late: from this "
+                                                              "epoch on the plain momentum update (no refreshes, "
+                                                              "no preconditioning); unset: curvature throughout")
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ def _muon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
 def thor_kwargs(a: OptimizerArgs) -> dict:
     """ThorPreconditioner keyword arguments from `optim.thor`; damping_decay becomes the per-update damping."""
     kw = dataclasses.asdict(a.options)
-    decay = kw.pop("damping_decay")
+    decay, switch = kw.pop("damping_decay"), kw.pop("first_order_epoch")
+    if switch is not None:
+        kw["first_order_after"] = round(switch * a.updates_per_epoch)
     if decay is not None:
         kw["damping"] = get_thor_damping(0, kw["damping"], decay, a.epochs, a.updates_per_epoch)
     return {**kw, "accumulation_steps": a.accumulation_steps}
@@ -134,7 +139,8 @@ def check_thor_section(t: ThorRecipeOptions) -> None:
     if t.damping_decay is not None and isinstance(t.damping, list):
         raise ConfigError("damping is a per-update list and damping_decay is set",
                           "give damping as one number with damping_decay, or the list alone")
-    check_thor_options({k: v for k, v in dataclasses.asdict(t).items() if k != "damping_decay"},
+    epoch_keys = ("damping_decay", "first_order_epoch")  # recipe-only: converted by thor_kwargs
+    check_thor_options({k: v for k, v in dataclasses.asdict(t).items() if k not in epoch_keys},
                        preconditioner_only=True)
 
 

@@ -102,6 +102,7 @@ class PreconditionerPythonOptions:
     """ThorPreconditioner's options that only Python callers pass (live objects, the trainer's accumulation)."""
 
     accumulation_steps: int = opt(1, ge=1)
+    first_order_after: Optional[int] = opt(None, ge=0)  # recipes: optim.thor.first_order_epoch
     grad_scaler: Any = opt(None)
     process_group: Any = opt(None)
 

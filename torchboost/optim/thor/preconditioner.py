@@ -48,7 +48,9 @@ class ThorPreconditioner:
     `kl_clip` (K-FAC's trust region: one scale min(1, sqrt(kl_clip / |lr^2 sum <P g, g>|)) on every
     preconditioned gradient, the sum over the whole model as in kfac-pytorch), `batchnorm` "none" | "unit_wise"
     (BatchNorm scale/shift gradients times each channel's damped 2x2 Fisher inverse; see `unitwise`),
-    `max_dim` (a factor side wider than this keeps only its diagonal: no d^3 work for very wide factors)."""
+    `max_dim` (a factor side wider than this keeps only its diagonal: no d^3 work for very wide factors),
+    `first_order_after` (curvature early, first-order late: from this update on no statistics are captured
+    and no gradient is changed, so the optimizer runs its own first-order update; None: never)."""
 
     def __init__(self, model: nn.Module, damping: Schedule = 0.03, frequency: int = 100,
                  split_dim: int | None = 128, loss_scale: float = 1.0, *, factor_interval: int | None = None,
@@ -60,9 +62,11 @@ class ThorPreconditioner:
                  split_indices: Sequence[int] | None = None,
                  process_group: dist.ProcessGroup | None = None, graft: str = "none",
                  factor_samples: int | None = None, kl_clip: float | None = None,
-                 batchnorm: str = "none", max_dim: int | None = None) -> None:
+                 batchnorm: str = "none", max_dim: int | None = None,
+                 first_order_after: int | None = None) -> None:
         check_thor_options(dict(graft=graft, factor_samples=factor_samples, damping=damping, frequency=frequency,
                                 kl_clip=kl_clip, batchnorm=batchnorm, max_dim=max_dim,
+                                first_order_after=first_order_after,
                                 split_dim=split_dim, loss_scale=loss_scale,
                                 factor_interval=factor_interval, inv_interval=inv_interval,
                                 factor_decay=factor_decay, inverse_method=inverse_method,
@@ -80,7 +84,7 @@ class ThorPreconditioner:
         self.max_interval_mult = max_interval_mult
         self.grad_scaler, self.accumulation_steps = grad_scaler, accumulation_steps
         self.split_indices, self.process_group = split_indices, process_group
-        self.graft, self.kl_clip = graft, kl_clip
+        self.graft, self.kl_clip, self.first_order_after = graft, kl_clip, first_order_after
         # local_inversions: inversions this rank computed (all of them in one process; a share under
         # torch.distributed, where the others arrive from their owner ranks)
         self.counters = dict(refreshes=0, skipped_refreshes=0, damping_retries=0, inverse_failures=0,
@@ -111,9 +115,14 @@ class ThorPreconditioner:
     def _arm_capture(self) -> None:
         """Capture statistics during the coming update only for layers that will refresh at it. Without
         running averages only inverse steps need factors (in-between captures would be overwritten)."""
+        curvature = not self.first_order(self.update_index)
         for l in [*self.layers.values(), *self.units.values()]:
             due = l.next_factor if self.factor_decay is not None else l.next_inverse
-            l.capture.enabled = self.update_index >= due
+            l.capture.enabled = curvature and self.update_index >= due
+
+    def first_order(self, k: int) -> bool:
+        """Whether update `k` is past `first_order_after` (the gradients are left as they are)."""
+        return self.first_order_after is not None and k >= self.first_order_after
 
     # ---- the update ---------------------------------------------------------------------------------
     def current_damping(self, damping: float | None = None) -> float:
@@ -128,6 +137,10 @@ class ThorPreconditioner:
         before the optimizer's step. `damping`: this update's damping, overriding the schedule; `lr`: this
         update's learning rate (what `kl_clip` bounds; THOR and `ThorPreconditioned` pass theirs)."""
         k = self.update_index
+        if self.first_order(k):
+            self.update_index += 1
+            self._arm_capture()
+            return
         damping = self.current_damping() if damping is None else damping
         if not damping > 0:
             raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
