@@ -77,6 +77,25 @@ def test_a_symlink_loop_does_not_multiply_a_class(tmp_path):
     assert counts.tolist() == [6, 6, 6]
 
 
+@pytest.mark.parametrize("target", ["train", ".", "train/1"])
+def test_a_link_to_other_classes_images_is_refused(tmp_path, capsys, target):
+    """A folder link up the tree (or into a sibling class) would label every image it reaches as class 0."""
+    data = make_folder(tmp_path / "d")
+    os.symlink(data / target, data / "train" / "0" / "more")
+    err = one_line(capsys, ["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o")])
+    assert "train/0/more in class folder" in err and "labelled 0" in err and "remove the link" in err
+    assert not (tmp_path / "o").exists()
+    os.unlink(data / "train" / "0" / "more")
+    os.symlink(data / "train" / "0", tmp_path / "shared")  # a link from outside into a class is fine
+    os.symlink(tmp_path / "shared", data / "train" / "1" / "outside")
+    with pytest.raises(DataError, match="labelled 1"):  # ...unless it leads to another class's images
+        ImageFolder(data / "train", None)
+    os.unlink(data / "train" / "1" / "outside")
+    extra = make_folder(tmp_path / "elsewhere", classes=("x",), n=2, splits=("s",)) / "s" / "x"
+    os.symlink(extra, data / "train" / "2" / "extra")  # images kept outside the data set: followed
+    assert np.bincount([label for _, label in ImageFolder(data / "train", None).samples]).tolist() == [6, 6, 8]
+
+
 def test_small_images_keep_their_native_size_with_a_resnet(tmp_path, capsys):
     data = make_folder(tmp_path / "d", size=28)
     assert main(["train", "--data", str(data), "--set", "model.name=resnet18", *QUIET, "-o", str(tmp_path / "o"),

@@ -70,13 +70,21 @@ def find_classes(root: str | Path) -> list[str]:
 
 def class_files(folder: Path) -> list[str]:
     """Sorted image paths under one class folder (recursively, following links, each real folder once: a
-    link back up the tree must not multiply a class); at least one."""
+    link back into the class must not multiply it); at least one. A linked folder that holds other classes'
+    images (the split folder or one above it, or another class folder of the split) is refused: following
+    it would give those images this folder's label."""
     files, seen = [], set()
+    top, split = os.path.realpath(folder), os.path.realpath(Path(folder).parent)
     for d, dirs, names in os.walk(folder, followlinks=True):
         real = os.path.realpath(d)
         if real in seen:
             dirs[:] = []
             continue
+        inside = real == top or real.startswith(top + os.sep)
+        if not inside and (split.startswith(real + os.sep) or split == real or real.startswith(split + os.sep)):
+            raise DataError(f"{d} in class folder {folder} links to {real}, which holds other classes' images "
+                            f"(they would be labelled {Path(folder).name})",
+                            "remove the link, or link to a folder outside the data set")
         seen.add(real)
         files += [os.path.join(d, f) for f in names if f.lower().endswith(IMG_EXTENSIONS)]
     files.sort()
