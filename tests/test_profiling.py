@@ -114,7 +114,7 @@ def test_advice_fits_the_data_and_the_machine():
     tips = starvation_advice(loader, decodes=False)
     assert tips[0] == f"load in background processes: data.workers=N (this machine has {cores} cores)"
     assert not any("decode" in t or "draft" in t for t in tips)
-    assert any("draft" in t for t in starvation_advice(loader, decodes=True))
+    assert any("pre-resized" in t for t in starvation_advice(loader, decodes=True))
     loader.num_workers = cores
     tips = starvation_advice(loader, decodes=False)
     assert not any("more loader workers" in t for t in tips)

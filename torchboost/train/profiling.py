@@ -118,7 +118,8 @@ def starvation_advice(loader: Any = None, decodes: Optional[bool] = None) -> lis
         if cuda and not getattr(loader, "pin_memory", False):
             tips.append("pinned memory (data.pin_memory=true) for asynchronous host-to-GPU copies")
     if decodes is not False:
-        tips.append("decode less: a smaller decode size (JPEG draft mode, lower data.image_size) or pre-resized images")
+        # JPEGs already decode at reduced size (draft mode, data/transforms); other formats decode whole
+        tips.append("decode less: store the images pre-resized to about data.image_size, or lower data.image_size")
     return tips
 
 
