@@ -58,6 +58,7 @@ def test_channels_come_from_the_majority_not_the_first_file(tmp_path, capsys):
     assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
     out = capsys.readouterr().out
     assert "mixed (11 grayscale, 1 colour)" in out  # 4 sampled per class, the odd one among them
+    assert "final: top-1 " in out and "top-5" not in out.split("final: ")[1]
     cfg = yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())
     assert "top_5_accuracy" not in cfg["train"]["metrics"]  # 3 classes: top-5 would always read 100%
     assert cfg["data"]["channels"] == 1 and cfg["model"]["in_chans"] == 1 and cfg["data"]["mean"] == [0.5]

@@ -75,7 +75,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 130
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
-        print(f"final: top-1 {acc:.4f}, top-5 {result.eval_results.get('val_top_5_accuracy', float('nan')):.4f}")
+        top5 = result.eval_results.get("val_top_5_accuracy")  # absent with 5 classes or fewer
+        print(f"final: top-1 {acc:.4f}" + ("" if top5 is None else f", top-5 {top5:.4f}"))
     return 0
 
 
