@@ -48,10 +48,10 @@ TASKS = {
                    "schedule.mode=cosine", "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
     # CIFAR-style ResNet-20 on mnist5k at 28 px (the resnet20-mnist5k recipe): per image its convolutions
     # dominate the step, as on ImageNet. Mid target: what SGD (lr 0.1) reaches at half its 15-epoch budget on
-    # seed 0 (97.1% at epoch 7). High target: 0.3 pt below SGD's best on seed 0 (99.1%), provisional until the
-    # 3-seed SGD/AdamW/Muon pass is run; a saved race re-reports with other targets via --report.
+    # seed 0 (97.1% at epoch 7). High target: 0.3 pt below SGD's median best over seeds 0-2 (98.7%, lr 0.1;
+    # it was 98.8% while only seed 0 had run); a saved race re-reports with these targets via --report.
     "resnet20/mnist5k/b128": dict(
-        recipe="resnet20-mnist5k", targets=(0.97, 0.988),
+        recipe="resnet20-mnist5k", targets=(0.97, 0.984),
         overrides=["optim.name=thor", "train.label_smoothing=0.0",
                    "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}"]),
 }

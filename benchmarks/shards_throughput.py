@@ -22,7 +22,8 @@ still cache the blocks. tmpfs has no cold state (memory is its storage).
 
 "Where the time goes": one process, no loader, µs of CPU per image: reading the bytes (folder: open + read
 per file; shards: walking the tar headers through `read_samples` and reading each image, or reading each
-sample with one pread through the offsets table), decoding + transforming from memory.
+sample with one pread through the offsets table), decoding + transforming from memory (what the shards path
+does), and opening + decoding + transforming from the file (what the folder path does).
 
 Run: .venv/bin/python benchmarks/shards_throughput.py [--images 320] [--workers 1 2 4] [--repeats 7]
 """
@@ -166,10 +167,16 @@ def breakdown(root: Path) -> dict[str, float]:
         with open_image(io.BytesIO(b)) as img:
             transform(img, rng)
     decode = time.process_time() - t0
+    t0 = time.process_time()
+    for path, _ in samples:  # what the folder path does: the decoder reads the file itself, in chunks
+        with open_image(path) as img:
+            transform(img, rng)
+    from_path = time.process_time() - t0
     assert n == 0  # every sample read both ways
     us = 1e6 / len(blobs)
     return {"folder open+read": folder_read * us, "shards header walk+read": shard_read * us,
-            "shards read by offset": offset_read * us, "decode+transform": decode * us}
+            "shards read by offset": offset_read * us, "decode+transform from bytes in memory": decode * us,
+            "open+decode+transform from the file": from_path * us}
 
 
 def main() -> None:
