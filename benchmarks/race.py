@@ -28,7 +28,7 @@ from torchboost.optim.registry import OptimizerArgs, get_optimizer, thor_kwargs
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import Racer, builtin_racer, parse_lr_grids, run_race
-from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes,
+from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes, plot,
                                            summarize, write_results)
 
 # The issue's headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,
@@ -103,10 +103,13 @@ def main() -> None:
     p.add_argument("--output", default="runs/bench-race")
     p.add_argument("--report", type=Path, nargs="+",
                    help="only re-report saved race.json files (finished or stopped; several = their runs pooled)")
+    p.add_argument("--plot", type=Path, help="with --report: also draw the pooled runs' race plot to this file")
     args = p.parse_args()
     task = TASKS[args.task]
     if args.report:
         lanes = [lane for path in args.report for lane in load_lanes(path)]
+        if args.plot:
+            print(f"plot: {plot(lanes, summarize(lanes, task['targets']), args.plot)}")
         return report(lanes, task["targets"], json.loads(args.report[0].read_text())["settings"])
     torch.set_num_threads(args.threads)
     cfg, train_ds, eval_ds = load_resolved(task["recipe"], task["overrides"])

@@ -51,7 +51,7 @@ def describe_rules(f: dataclasses.Field) -> str:
     return " and ".join(parts)
 
 
-KIND_WORDS = {int: "an integer", float: "a number", bool: "a true/false", str: "a text"}
+KIND_WORDS = {int: "an integer", float: "a numeric", bool: "a true/false", str: "a text"}
 
 
 def check_type(value: Any, tp: Any, where: str) -> Any:
