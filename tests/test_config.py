@@ -72,3 +72,14 @@ def test_free_form_sections_merge_instead_of_replacing():
     t = cfg.optim.thor
     assert (t.damping, t.frequency, t.split_dim) == (0.1, 50, 128)
     assert cfg.boost.config == {"dim_reduce": {"weight_load_dir": "runs/x/ckpt"}}
+
+
+def test_the_resnet20_thor_recipe_is_the_races_thor_lane():
+    """resnet20-mnist5k-thor is the resnet20-mnist5k task as benchmarks/race.py races THOR (BENCHMARKS.md),
+    with factor_samples 32: the same data, model, schedule and budget as the SGD recipe."""
+    import dataclasses
+
+    race = load_config("resnet20-mnist5k", ["optim.name=thor", "train.label_smoothing=0.0",
+                                            "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}",
+                                            "optim.thor.factor_samples=32"])
+    assert dataclasses.replace(load_config("resnet20-mnist5k-thor"), name=race.name) == race
