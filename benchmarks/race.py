@@ -99,13 +99,18 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (split a race over runs)")
     p.add_argument("--epochs", type=int, help="override the task's epoch budget")
+    p.add_argument("--targets", type=float, nargs="+",
+                   help="override the task's targets (a lane stops once it reached them all: give an unreachable "
+                        "one, e.g. 0.999, to run the whole budget and measure each racer's best)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", default="runs/bench-race")
     p.add_argument("--report", type=Path, nargs="+",
                    help="only re-report saved race.json files (finished or stopped; several = their runs pooled)")
     p.add_argument("--plot", type=Path, help="with --report: also draw the pooled runs' race plot to this file")
     args = p.parse_args()
-    task = TASKS[args.task]
+    task = dict(TASKS[args.task])
+    if args.targets:
+        task["targets"] = tuple(args.targets)
     if args.report:
         lanes = [lane for path in args.report for lane in load_lanes(path)]
         if args.plot:
