@@ -68,6 +68,11 @@ def find_classes(root: str | Path) -> list[str]:
     return classes
 
 
+def _within(path: str, folder: str) -> bool:
+    """Whether real path `path` is `folder` or lies under it (`/` included)."""
+    return os.path.commonpath([path, folder]) == folder
+
+
 def class_files(folder: Path) -> list[str]:
     """Sorted image paths under one class folder (recursively, following links, each real folder once: a
     link back into the class must not multiply it); at least one. A linked folder that holds other classes'
@@ -80,8 +85,7 @@ def class_files(folder: Path) -> list[str]:
         if real in seen:
             dirs[:] = []
             continue
-        inside = real == top or real.startswith(top + os.sep)
-        if not inside and (split.startswith(real + os.sep) or split == real or real.startswith(split + os.sep)):
+        if not _within(real, top) and (_within(split, real) or _within(real, split)):
             raise DataError(f"{d} in class folder {folder} links to {real}, which holds other classes' images "
                             f"(they would be labelled {Path(folder).name})",
                             "remove the link, or link to a folder outside the data set")
