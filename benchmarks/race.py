@@ -6,6 +6,7 @@ best lr.
     .venv/bin/python benchmarks/race.py --task resnet18/digits/b128 --seeds 3
     .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --seeds 1 --racers sgd thor --lr sgd=0.1 --lr thor=0.1
     .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor_muon --lr muon=0.02
+    .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --racers muon@8 muon@10 --lr muon@8=0.01,0.02
 
 Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Beyond
 the CLI's racers: THOR variants with extra options, e.g. `thor[graft=grad]`, `thor_muon[factor_samples=64]`.
@@ -79,7 +80,14 @@ def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
 
 def make_racer(name: str, cfg, lrs) -> Racer:
     """A registered optimizer, or a variant with extra THOR options: `thor[graft=grad]`,
-    `thor_muon[factor_samples=64]`, `muon-all-convs`, `thor_muon-all-convs[factor_samples=64]`."""
+    `thor_muon[factor_samples=64]`, `muon-all-convs`, `thor_muon-all-convs[factor_samples=64]`; a suffix
+    `@EPOCHS` gives the racer its own epoch budget (`muon@10`, `thor_muon[factor_samples=32]@8`)."""
+    spec, at, budget = name.partition("@")
+    if at:
+        if not budget.isdigit() or int(budget) < 1:
+            raise SystemExit(f"error: racer {name!r}: the budget after @ is not a whole number of epochs >= 1 — "
+                             "write e.g. muon@10")
+        return dataclasses.replace(make_racer(spec, cfg, lrs), name=name, epochs=int(budget))
     base, _, opts = name.partition("[")
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
     if base.endswith("muon-all-convs"):
@@ -94,7 +102,7 @@ def main() -> None:
     p.add_argument("--task", choices=list(TASKS), default="mnist_cnn/mnist5k/b256")
     p.add_argument("--racers", nargs="+", default=["sgd", "adamw", "muon", "thor"],
                    help="any registered optimizer, muon-all-convs, or a THOR variant: 'thor[graft=grad]', "
-                        "'thor_muon-all-convs[factor_samples=64]'")
+                        "'thor_muon-all-convs[factor_samples=64]'; NAME@EPOCHS: on its own epoch budget")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR,LR", help="lr grid of one racer")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=0, help="seeds first..first+N-1 (split a race over runs)")

@@ -4,6 +4,10 @@ budget and epoch-by-epoch interleaving), and the summary's medians against hand-
 import json
 import math
 
+import pytest
+
+from torchboost.errors import ConfigError
+
 from torchboost.cli import main
 from torchboost.recipe.race import Lane
 from torchboost.recipe.race_report import load_lanes, median_curve, ratio_to_best_other, plot, summarize
@@ -65,3 +69,42 @@ def test_plot_curve_is_the_median_over_seeds_with_its_spread(tmp_path):
     assert xs == [2, 5] and ys == [0.6, 0.75] and lo == [0.5, 0.6] and hi == [0.7, 0.9]
     png = plot(lanes, summarize(lanes, (0.55, 0.8)), tmp_path / "race.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_racer_on_its_own_epoch_budget_anneals_over_it():
+    """`Racer.epochs`: that racer's schedule is built for its own budget (its lr is near zero after its last
+    epoch, where the race's 3-epoch cosine is still high after one) and it stops there; `@N` names stay THOR's."""
+    import dataclasses
+
+    from torchboost.recipe import load_resolved
+    from torchboost.recipe.build import build_schedule
+    from torchboost.recipe.race import builtin_racer, run_race
+    from torchboost.recipe.race_report import is_thor
+
+    cfg, train_ds, eval_ds = load_resolved("digits-lenet", ["data.batch_size=256", "schedule.mode=cosine"])
+    built = {}
+
+    def keep(racer, name, epochs):
+        def build(model, lr, steps, budget):
+            built[name] = (racer.build(model, lr, steps, budget), budget)
+            return built[name][0]
+        return dataclasses.replace(racer, name=name, build=build, epochs=epochs)
+
+    sgd = builtin_racer("sgd", cfg, (0.1,))
+    lanes = run_race(cfg, train_ds, eval_ds, [keep(sgd, "sgd@1", 1), keep(sgd, "sgd", None)], [0], (0.999,),
+                     epochs=3, log=lambda m: None)
+    runs = {l.racer: l for l in lanes}
+    assert [len(runs[n].history) for n in ("sgd@1", "sgd")] == [1, 3]
+    assert runs["sgd@1"].stopped == runs["sgd"].stopped == "epoch budget"
+    assert built["sgd@1"][1] == 1 and built["sgd"][1] == 3
+    # the last lr each was stepped with is its own schedule's: a 1-epoch cosine's last step vs a 3-epoch one's
+    steps = len(runs["sgd"].loader)
+    for name, budget in (("sgd@1", 1), ("sgd", 3)):
+        want = build_schedule(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=budget)), 0.1,
+                              steps)[budget * steps - 1]
+        assert built[name][0].param_groups[0]["lr"] == pytest.approx(want)
+    three = build_schedule(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=3)), 0.1, steps)
+    assert built["sgd@1"][0].param_groups[0]["lr"] < 0.5 * three[steps - 1]  # annealed within its one epoch
+    assert is_thor("thor_muon[factor_samples=32]@8") and is_thor("thor@10") and not is_thor("muon@8")
+    with pytest.raises(ConfigError, match="epoch budget below 1"):
+        run_race(cfg, train_ds, eval_ds, [keep(sgd, "sgd@0", 0)], [0], (0.999,), log=lambda m: None)

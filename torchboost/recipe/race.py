@@ -2,7 +2,9 @@
 
 Every (optimizer, lr, seed) run gets the same initial weights (seeded per seed), batch order and
 augmentation (the sampler's per-seed stream), the recipe's lr schedule shape over the same epoch budget and
-the same training step (`TrainStep`). Runs are interleaved epoch by epoch - epoch 1 of every run, then
+the same training step (`TrainStep`). A racer may carry its own budget (`Racer.epochs`; its schedule then
+anneals over those epochs): the epoch count is a hyperparameter of time-to-accuracy, as MindSpore's THOR
+recipe trains ResNet-50 for fewer epochs than its SGD recipe, so each racer can be given a budget grid. Runs are interleaved epoch by epoch - epoch 1 of every run, then
 epoch 2 of every run, in an order rotated each round - so load on a shared machine hits all alike.
 Seconds are training only: each epoch's batches are fetched before its clock starts (data loading is the
 same for every optimizer) and evaluation is excluded. A run stops at the epoch budget, its own
@@ -44,6 +46,7 @@ class Racer:
     lrs: tuple[float, ...]
     build: BuildFn
     make_step: Callable | None = None
+    epochs: int | None = None  # its own epoch budget (the schedule's length); None: the race's
 
 
 def racer_config(cfg: Config, name: str) -> Config:
@@ -102,6 +105,7 @@ class Lane:
     seconds: float = 0.0
     history: list = field(default_factory=list)
     stopped: str = ""
+    budget: int = 0  # epochs this run may train (its racer's budget, else the race's)
 
     def train_epoch(self, epoch: int) -> float:
         set_epoch(self.loader, epoch)
@@ -126,6 +130,8 @@ class Lane:
 
 
 def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) -> Lane:
+    if racer.epochs is not None:  # this racer's own budget: its schedule anneals over its epochs
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=racer.epochs))
     seed_everything(seed)  # the same initial weights for every racer and lr of this seed
     model = build_model(cfg)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
@@ -139,7 +145,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) ->
         norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
-    return Lane(racer.name, lr, seed, model, step, loader)
+    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs)
 
 
 def _eval_batches(cfg: Config, eval_ds: Dataset) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -163,10 +169,12 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
     if not all(0 < t <= 1 for t in targets):
         raise ConfigError(f"targets {list(targets)} are not all accuracies in (0, 1]", "e.g. --targets 0.975 0.98")
+    if any(r.epochs is not None and r.epochs < 1 for r in racers):
+        raise ConfigError("an epoch budget below 1", "give each racer a budget of at least one epoch")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs or cfg.train.epochs))
-    epochs = cfg.train.epochs
     evaluation = _eval_batches(cfg, eval_ds)
     lanes = [_lane(cfg, r, lr, seed, train_ds) for seed in seeds for r in racers for lr in r.lrs]
+    epochs = max(l.budget for l in lanes)
     order = 0  # global position of each trained epoch: the record of the interleaving
     for epoch in range(epochs):
         alive = [l for l in lanes if not l.stopped]
@@ -185,6 +193,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
                 lane.stopped = "reached every target"
             elif time_budget_s is not None and lane.seconds >= time_budget_s:
                 lane.stopped = "time budget"
+            elif epoch + 1 >= lane.budget:
+                lane.stopped = "epoch budget"
         best = {}
         for l in lanes:
             top = max((r["val_top_1_accuracy"] for r in l.history), default=0.0)

@@ -58,8 +58,8 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
 
 def is_thor(name: str) -> bool:
     """THOR and its variants (registry family "thor": thor_muon, and `thor[...]` option variants) are one
-    family: a variant is not THOR's rival."""
-    entry = OPTIMIZERS.get(name.partition("[")[0].removesuffix("-all-convs"))
+    family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch budget."""
+    entry = OPTIMIZERS.get(name.partition("@")[0].partition("[")[0].removesuffix("-all-convs"))
     return entry is not None and entry.family == THOR_FAMILY
 
 
