@@ -28,7 +28,7 @@ from torchboost.optim import muon_optimizer
 from torchboost.optim.registry import OptimizerArgs, get_optimizer, thor_kwargs
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
-from torchboost.recipe.race import Racer, builtin_racer, parse_lr_grids, run_race
+from torchboost.recipe.race import Racer, budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes, plot,
                                            summarize, write_results)
 
@@ -84,10 +84,9 @@ def make_racer(name: str, cfg, lrs) -> Racer:
     `@EPOCHS` gives the racer its own epoch budget (`muon@10`, `thor_muon[factor_samples=32]@8`)."""
     spec, at, budget = name.partition("@")
     if at:
-        if not budget.isdigit() or int(budget) < 1:
-            raise SystemExit(f"error: racer {name!r}: the budget after @ is not a whole number of epochs >= 1 — "
-                             "write e.g. muon@10")
-        return dataclasses.replace(make_racer(spec, cfg, lrs), name=name, epochs=int(budget))
+        (epochs,) = parse_budgets([f"{spec}={budget.replace(',', ' ')}"]).values()  # one budget per name
+        (racer,) = budget_racers(make_racer(spec, cfg, lrs), epochs)
+        return racer
     base, _, opts = name.partition("[")
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
     if base.endswith("muon-all-convs"):

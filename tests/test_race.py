@@ -108,3 +108,20 @@ def test_a_racer_on_its_own_epoch_budget_anneals_over_it():
     assert is_thor("thor_muon[factor_samples=32]@8") and is_thor("thor@10") and not is_thor("muon@8")
     with pytest.raises(ConfigError, match="epoch budget below 1"):
         run_race(cfg, train_ds, eval_ds, [keep(sgd, "sgd@0", 0)], [0], (0.999,), log=lambda m: None)
+
+
+def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
+    out = tmp_path / "race"
+    rc = main(["race", "--config", "digits-lenet", "--set", "data.batch_size=256", "--optimizers", "sgd", "thor",
+               "--lr", "sgd=0.05", "--lr", "thor=0.05", "--budget", "thor=1,2", "--seeds", "1", "--epochs", "3",
+               "--targets", "0.999", "--output", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "thor@1/best-other seconds-to-target" in text and "thor@2/best-other" in text
+    runs = {r["optimizer"]: r for r in json.loads((out / "race.json").read_text())["runs"]}
+    assert {n: len(r["history"]) for n, r in runs.items()} == {"sgd": 3, "thor@1": 1, "thor@2": 2}
+    for bad, message in (("thor=0", "bad epoch budget"), ("thor=x", "bad epoch budget"),
+                         ("muon=2", "--budget names muon")):
+        assert main(["race", "--config", "digits-lenet", "--optimizers", "sgd", "thor", "--budget", bad,
+                     "--epochs", "1", "--output", str(out)]) == 2
+        assert message in capsys.readouterr().err

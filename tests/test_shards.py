@@ -545,3 +545,33 @@ def test_a_run_on_shards_resumed_mid_epoch_ends_with_the_uninterrupted_weights(d
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
     assert straight.eval_results["val_top_1_accuracy"] == resumed.eval_results["val_top_1_accuracy"]
+
+
+@given(name=st.text(min_size=1, max_size=180), size=st.integers(0, 2**36),
+       kind=st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.CONTTYPE]),
+       fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+       flips=st.lists(st.tuples(st.integers(0, 511), st.integers(1, 255)), max_size=3))
+def test_the_offsets_readers_header_parser_agrees_with_tarfile(name, size, kind, fmt, flips):
+    """parse_header (the offsets path's lean header reader) on headers tarfile writes, damaged or not: what
+    it accepts, tarfile.TarInfo.frombuf reads the same (regular file or not; a regular file's name and size);
+    what tarfile writes for an ordinary member it accepts."""
+    from torchboost.data.shardoffsets import parse_header
+
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    try:
+        block = bytearray(info.tobuf(fmt, tarfile.ENCODING, "surrogateescape")[:512])
+    except ValueError:  # a name or size this format cannot hold
+        return
+    for at, bits in flips:
+        block[at] ^= bits
+    block = bytes(block)
+    try:
+        got = parse_header(block)
+    except tarfile.HeaderError:
+        ordinary = not flips and kind == tarfile.REGTYPE and size < 8**11 and block[156:157] == tarfile.REGTYPE
+        assert not ordinary, "an ordinary header tarfile wrote was refused"
+        return
+    ref = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+    regular = ref.type in (tarfile.REGTYPE, tarfile.AREGTYPE)
+    assert got[2] == regular and (not regular or got[:2] == (ref.name, ref.size))  # anything else is refused

@@ -257,17 +257,19 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     from .errors import ConfigError, suggest
     from .recipe import load_resolved
-    from .recipe.race import builtin_racer, parse_lr_grids, run_race
+    from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
 
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
     cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
-    grids = parse_lr_grids(args.lr or [])
-    unused = [name for name in grids if name not in args.optimizers]
-    if unused:
-        raise ConfigError(f"--lr names {unused[0]}, which is not among --optimizers {' '.join(args.optimizers)}",
-                          suggest(unused[0], args.optimizers))
-    racers = [builtin_racer(name, cfg, grids.get(name)) for name in args.optimizers]
+    grids, budgets = parse_lr_grids(args.lr or []), parse_budgets(args.budget or [])
+    for flag, named in (("--lr", grids), ("--budget", budgets)):
+        unused = [name for name in named if name not in args.optimizers]
+        if unused:
+            raise ConfigError(f"{flag} names {unused[0]}, which is not among --optimizers "
+                              f"{' '.join(args.optimizers)}", suggest(unused[0], args.optimizers))
+    racers = [r for name in args.optimizers
+              for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     targets = tuple(args.targets)
     meta = {"recipe": args.config, "overrides": args.set or [], "targets": targets, "seeds": args.seeds,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget}
@@ -280,9 +282,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
                      time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save)
     summary = summarize(lanes, targets)
     print(format_report(summary, args.threads))
-    for name in args.optimizers:
-        if is_thor(name) and len(racers) > 1:
-            print(headline(summary, name))
+    for racer in racers:
+        if is_thor(racer.name) and len(racers) > 1:
+            print(headline(summary, racer.name))
     json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
     return 0
@@ -465,6 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
     rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds 0..N-1 (same init and batch order)")
     rc.add_argument("--epochs", type=int_between(1, 100_000), help="epoch budget and schedule length (default train.epochs)")
+    rc.add_argument("--budget", action="append", metavar="NAME=EPOCHS,EPOCHS",
+                    help="one optimizer's own epoch budgets, each raced as NAME@EPOCHS with its schedule over "
+                         "them, e.g. thor=6,8 (repeatable; default --epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
     rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")

@@ -91,6 +91,26 @@ def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     return grids
 
 
+def parse_budgets(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
+    """["thor=6,8", "sgd=15"] -> {"thor": (6, 8), "sgd": (15,)}: epoch budgets, each raced as its own racer."""
+    budgets = {}
+    fix = "write NAME=EPOCHS[,EPOCHS...], e.g. thor=8,10"
+    for item in items:
+        name, _, values = item.rpartition("=")
+        parts = values.split(",")
+        if not name.strip() or not all(p.strip().isdigit() and 1 <= int(p) <= 100_000 for p in parts):
+            raise ConfigError(f"bad epoch budget '{item[:60]}' (whole numbers of epochs from 1 to 100000)", fix)
+        budgets[name.strip()] = tuple(dict.fromkeys(int(p) for p in parts))
+    return budgets
+
+
+def budget_racers(racer: Racer, budgets: Iterable[int] | None) -> list[Racer]:
+    """`racer` as one racer per epoch budget, named NAME@EPOCHS (or unchanged without budgets)."""
+    if not budgets:
+        return [racer]
+    return [dataclasses.replace(racer, name=f"{racer.name}@{b}", epochs=b) for b in budgets]
+
+
 @dataclass
 class Lane:
     """One (racer, lr, seed) run in progress."""
