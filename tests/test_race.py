@@ -120,6 +120,10 @@ def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
     assert "thor@1/best-other seconds-to-target" in text and "thor@2/best-other" in text
     runs = {r["optimizer"]: r for r in json.loads((out / "race.json").read_text())["runs"]}
     assert {n: len(r["history"]) for n, r in runs.items()} == {"sgd": 3, "thor@1": 1, "thor@2": 2}
+    from torchboost.recipe.race import parse_budgets, parse_lr_grids
+
+    assert parse_budgets(["thor=6", "thor=8,6", "sgd=15"]) == {"thor": (6, 8), "sgd": (15,)}  # repeats add up
+    assert parse_lr_grids(["sgd=0.1", "sgd=0.2,0.1"]) == {"sgd": (0.1, 0.2)}
     for bad, message in (("thor=0", "bad epoch budget"), ("thor=x", "bad epoch budget"),
                          ("muon=2", "--budget names muon")):
         assert main(["race", "--config", "digits-lenet", "--optimizers", "sgd", "thor", "--budget", bad,

@@ -76,7 +76,7 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
 
 
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
-    """["sgd=0.01,0.02", "muon=0.02"] -> {"sgd": (0.01, 0.02), "muon": (0.02,)}."""
+    """["sgd=0.01,0.02", "muon=0.02", "sgd=0.05"] -> {"sgd": (0.01, 0.02, 0.05), "muon": (0.02,)}."""
     grids = {}
     for item in items:
         name, _, values = item.rpartition("=")
@@ -87,7 +87,7 @@ def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
         if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
             raise ConfigError(f"lr grid '{item}' holds a value that is not a finite number > 0",
                               "write NAME=LR[,LR...], e.g. sgd=0.01,0.02,0.05")
-        grids[name.strip()] = lrs
+        grids[name.strip()] = tuple(dict.fromkeys(grids.get(name.strip(), ()) + lrs))  # repeats add up
     return grids
 
 
@@ -100,7 +100,7 @@ def parse_budgets(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
         parts = values.split(",")
         if not name.strip() or not all(p.strip().isdigit() and 1 <= int(p) <= 100_000 for p in parts):
             raise ConfigError(f"bad epoch budget '{item[:60]}' (whole numbers of epochs from 1 to 100000)", fix)
-        budgets[name.strip()] = tuple(dict.fromkeys(int(p) for p in parts))
+        budgets[name.strip()] = tuple(dict.fromkeys(budgets.get(name.strip(), ()) + tuple(int(p) for p in parts)))
     return budgets
 
 
