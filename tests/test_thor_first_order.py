@@ -81,3 +81,15 @@ def test_the_recipe_key_is_in_epochs_and_resume_keeps_the_phase():
 def test_a_bad_switch_is_one_line(bad):
     with pytest.raises(ConfigError, match="first_order_after"):
         THOR(mlp(), lr=LR, damping=LAM, first_order_after=bad)
+
+
+def test_a_damping_decay_above_one_grows_the_damping_by_its_formula():
+    """damping_decay > 1: damping(e) = damping · decay^(e/10), e = (i + 1) / updates per epoch for update i (as
+    MindSpore's loop has it); a value that overflows float32 within the run is a one-line error, not inf."""
+    a = OptimizerArgs(0.1, options=ThorRecipeOptions(damping=0.1, damping_decay=30.0), updates_per_epoch=4, epochs=8)
+    d = np.asarray(thor_kwargs(a)["damping"], np.float64)
+    assert d.shape == (32,)
+    np.testing.assert_allclose(d, 0.1 * 30.0 ** ((np.arange(32) + 1) / 4 / 10), rtol=1e-6)
+    huge = dataclasses.replace(a, options=ThorRecipeOptions(damping=0.1, damping_decay=1e6), epochs=1000)
+    with pytest.raises(ConfigError, match="past the float range"):
+        thor_kwargs(huge)

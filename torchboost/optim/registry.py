@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -29,8 +30,9 @@ from torchboost.options import opt
 class ThorRecipeOptions(ThorOptions):
     """`optim.thor`: ThorPreconditioner's options plus MindSpore's damping generator."""
 
-    damping_decay: Optional[float] = opt(None, gt=0, le=1, help="damping(e) = damping * damping_decay ^ (e / "
-                                                               "10) (MindSpore's recipe: 0.5467); unset: constant")
+    damping_decay: Optional[float] = opt(None, gt=0, help="damping(e) = damping * damping_decay ^ (e / 10) "
+                                                        "(MindSpore's recipe: 0.5467; above 1 the damping grows and "
+                                                        "THOR fades into its first-order update); unset: constant")
     first_order_epoch: Optional[float] = opt(None, ge=0, help="curvature early, first-order late: from this "
                                                               "epoch on the plain momentum update (no refreshes, "
                                                               "no preconditioning); unset: curvature throughout")
@@ -130,7 +132,11 @@ def thor_kwargs(a: OptimizerArgs) -> dict:
     if switch is not None:
         kw["first_order_after"] = round(switch * a.updates_per_epoch)
     if decay is not None:
-        kw["damping"] = get_thor_damping(0, kw["damping"], decay, a.epochs, a.updates_per_epoch)
+        with np.errstate(over="ignore"):
+            kw["damping"] = get_thor_damping(0, kw["damping"], decay, a.epochs, a.updates_per_epoch)
+        if not np.isfinite(kw["damping"]).all():
+            raise ConfigError(f"optim.thor.damping_decay {decay:g} takes the damping past the float range within "
+                              f"{a.epochs} epochs", "use a damping_decay nearer 1 (30 grows it 30x per 10 epochs)")
     return {**kw, "accumulation_steps": a.accumulation_steps}
 
 
