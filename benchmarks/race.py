@@ -4,7 +4,8 @@ best lr.
 
     .venv/bin/python benchmarks/race.py --task mnist_cnn/mnist5k/b256            # the headline task
     .venv/bin/python benchmarks/race.py --task resnet18/digits/b128 --seeds 3
-    .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --seeds 1 --racers sgd thor --lr sgd=0.1 --lr thor=0.1
+    .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --seeds 1 --racers sgd thor \
+        --lr sgd=0.1 --lr thor=0.1
     .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor_muon --lr muon=0.02
     .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --racers muon@8 muon@10 --lr muon@8=0.01,0.02
 
@@ -84,9 +85,10 @@ def make_racer(name: str, cfg, lrs) -> Racer:
     `@EPOCHS` gives the racer its own epoch budget (`muon@10`, `thor_muon[factor_samples=32]@8`)."""
     spec, at, budget = name.partition("@")
     if at:
-        (epochs,) = parse_budgets([f"{spec}={budget.replace(',', ' ')}"]).values()  # one budget per name
-        (racer,) = budget_racers(make_racer(spec, cfg, lrs), epochs)
-        return racer
+        (epochs,) = parse_budgets([f"{spec}={budget}"]).values()
+        if len(epochs) != 1:
+            raise SystemExit(f"error: racer {name!r} names {len(epochs)} budgets — write one racer per budget")
+        return budget_racers(make_racer(spec, cfg, lrs), epochs)[0]
     base, _, opts = name.partition("[")
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
     if base.endswith("muon-all-convs"):

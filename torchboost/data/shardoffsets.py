@@ -6,8 +6,9 @@ samples (~70 µs of CPU per image per worker here, against ~6 ms to decode it). 
 an epoch, a function of the shard lengths only, is computed without reading, and a worker reads each of its
 samples from [start, next start) by offset: each tar header (`parse_header`: tarfile's header checks,
 without decoding the fields nobody reads) and each member's data with one `pread`, checked as the streaming
-reader checks them. The table is an untrusted file like the rest: a plain int64 array (loaded without pickle), checked for shape, order and bounds, and a start
-that does not land on a tar header of one sample is a one-line error naming the shard.
+reader checks them. The table is an untrusted file like the rest: a plain int64 array (loaded without
+pickle), checked for shape, order and bounds, and a start that does not land on a tar header of one sample is
+a one-line error naming the shard.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Every (optimizer, lr, seed) run gets the same initial weights (seeded per seed),
 augmentation (the sampler's per-seed stream), the recipe's lr schedule shape over the same epoch budget and
 the same training step (`TrainStep`). A racer may carry its own budget (`Racer.epochs`; its schedule then
 anneals over those epochs): the epoch count is a hyperparameter of time-to-accuracy, as MindSpore's THOR
-recipe trains ResNet-50 for fewer epochs than its SGD recipe, so each racer can be given a budget grid. Runs are interleaved epoch by epoch - epoch 1 of every run, then
-epoch 2 of every run, in an order rotated each round - so load on a shared machine hits all alike.
+recipe trains ResNet-50 for fewer epochs than its SGD recipe, so each racer can be given a budget grid.
+Runs are interleaved epoch by epoch - epoch 1 of every run, then epoch 2 of every run, in an order rotated
+each round - so load on a shared machine hits all alike.
 Seconds are training only: each epoch's batches are fetched before its clock starts (data loading is the
 same for every optimizer) and evaluation is excluded. A run stops at the epoch budget, its own
 training-time budget, divergence, or (by default) once it reached every target.
