@@ -32,6 +32,7 @@ from torchboost.recipe import load_resolved
 from torchboost.recipe.race import Racer, budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes, plot,
                                            summarize, write_results)
+from torchboost.train.device import device_name
 
 # The issue's headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,
 # momentum 0.9, weight decay 5e-4, no label smoothing; THOR damping 0.1, frequency 10, split 128.
@@ -140,13 +141,13 @@ def main() -> None:
                      log=lambda m: print(m, flush=True),
                      on_round=lambda ls: write_results(ls, summarize(ls, task["targets"]), meta, out))
     write_results(lanes, summarize(lanes, task["targets"]), meta, out)
-    report(lanes, task["targets"], {"threads": args.threads})
+    report(lanes, task["targets"], {"threads": args.threads, "device": device_name(lanes[0].device)})
 
 
 def report(lanes: list, targets: tuple[float, ...], settings: dict) -> None:
     """The table, the same as Markdown, and one headline line per THOR racer."""
     summary = summarize(lanes, targets)
-    print(format_report(summary, settings.get("threads", torch.get_num_threads())))
+    print(format_report(summary, settings.get("threads", torch.get_num_threads()), settings.get("device", "cpu")))
     print(format_markdown(summary))
     for name in dict.fromkeys(l.racer for l in lanes):
         if is_thor(name):

@@ -259,6 +259,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .recipe import load_resolved
     from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
+    from .train.device import device_name
 
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
     cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
@@ -281,7 +282,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
     lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), targets, epochs=args.epochs,
                      time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save)
     summary = summarize(lanes, targets)
-    print(format_report(summary, args.threads))
+    print(format_report(summary, args.threads, device_name(lanes[0].device)))
     for racer in racers:
         if is_thor(racer.name) and len(racers) > 1:
             print(headline(summary, racer.name))

@@ -7,8 +7,10 @@ anneals over those epochs): the epoch count is a hyperparameter of time-to-accur
 recipe trains ResNet-50 for fewer epochs than its SGD recipe, so each racer can be given a budget grid.
 Runs are interleaved epoch by epoch - epoch 1 of every run, then epoch 2 of every run, in an order rotated
 each round - so load on a shared machine hits all alike.
-Seconds are training only: each epoch's batches are fetched before its clock starts (data loading is the
-same for every optimizer) and evaluation is excluded. A run stops at the epoch budget, its own
+Seconds are training only: each epoch's batches are fetched (and moved to the device) before its clock
+starts (data loading is the same for every optimizer), the clock stops after the device finished the
+epoch's work, and evaluation is excluded. The race runs on `train.device` (auto: the GPU when there is one)
+in fp32, the same for every racer. A run stops at the epoch budget, its own
 training-time budget, divergence, or (by default) once it reached every target.
 """
 
@@ -31,6 +33,7 @@ from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
+from torchboost.train.device import resolve_device
 from torchboost.train.step import TrainStep, prepare_input
 
 # (model, lr, updates per epoch, epochs) -> optimizer
@@ -127,12 +130,15 @@ class Lane:
     history: list = field(default_factory=list)
     stopped: str = ""
     budget: int = 0  # epochs this run may train (its racer's budget, else the race's)
+    device: torch.device = torch.device("cpu")
 
     def train_epoch(self, epoch: int) -> float:
         set_epoch(self.loader, epoch)
-        batches = list(self.loader)  # fetched before the clock starts: identical for every optimizer
+        # Fetched and on the device before the clock starts: identical for every optimizer.
+        batches = [(x.to(self.device), y.to(self.device)) for x, y in self.loader]
         self.model.train()
         loss = torch.zeros(())
+        _sync(self.device)
         start = time.perf_counter()
         try:
             for x, y in batches:
@@ -140,6 +146,7 @@ class Lane:
                 self.updates += 1
         except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
             loss = torch.tensor(float("nan"))
+        _sync(self.device)  # GPU kernels run asynchronously: the epoch ends when the device is done
         self.seconds += time.perf_counter() - start
         return float(loss)
 
@@ -150,11 +157,16 @@ class Lane:
         return hits / sum(len(y) for _, y in batches)
 
 
-def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) -> Lane:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, device: torch.device) -> Lane:
     if racer.epochs is not None:  # this racer's own budget: its schedule anneals over its epochs
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=racer.epochs))
     seed_everything(seed)  # the same initial weights for every racer and lr of this seed
-    model = build_model(cfg)
+    model = build_model(cfg).to(device)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
     steps = len(loader)
     schedule = build_schedule(cfg, lr, steps)
@@ -164,16 +176,16 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset) ->
         step = racer.make_step(model, loss_fn, opt, schedule)
     else:
         norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
-        train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm)
+        train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
-    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs)
+    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device)
 
 
-def _eval_batches(cfg: Config, eval_ds: Dataset) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The evaluation set, loaded once and shared by every run (small data: a race is for quick sets)."""
+def _eval_batches(cfg: Config, eval_ds: Dataset, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation set, loaded once onto the device and shared by every run (a race is for quick sets)."""
     norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
     loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers)
-    return [(prepare_input(x, torch.device("cpu"), input_norm=norm), y) for x, y in loader]
+    return [(prepare_input(x, device, input_norm=norm), y.to(device)) for x, y in loader]
 
 
 def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Racer], seeds: Iterable[int],
@@ -193,8 +205,9 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
     if any(r.epochs is not None and r.epochs < 1 for r in racers):
         raise ConfigError("an epoch budget below 1", "give each racer a budget of at least one epoch")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs or cfg.train.epochs))
-    evaluation = _eval_batches(cfg, eval_ds)
-    lanes = [_lane(cfg, r, lr, seed, train_ds) for seed in seeds for r in racers for lr in r.lrs]
+    device = resolve_device(cfg.train.device)
+    evaluation = _eval_batches(cfg, eval_ds, device)
+    lanes = [_lane(cfg, r, lr, seed, train_ds, device) for seed in seeds for r in racers for lr in r.lrs]
     epochs = max(l.budget for l in lanes)
     order = 0  # global position of each trained epoch: the record of the interleaving
     for epoch in range(epochs):

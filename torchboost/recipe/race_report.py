@@ -15,6 +15,7 @@ import torch
 from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
 from torchboost.recipe.race import Lane
 from torchboost.fileio import atomic_path, atomic_write
+from torchboost.train.device import device_name
 
 
 def cpu_flags() -> str:
@@ -91,10 +92,11 @@ def headline(summary: dict, name: str) -> str:
     return f"{name}/best-other seconds-to-target: " + ", ".join(parts)
 
 
-def format_report(summary: dict, threads: int) -> str:
+def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
     """The table users read: per target and racer the best lr, seeds reached, median epochs/seconds, ratios."""
     first = next(iter(summary["seconds_per_epoch"]))
-    lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}; seconds = training time, medians over seeds)",
+    gpu = "" if device == "cpu" else f"; device: {device}"
+    lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",
              f"{'target':>7} {'optimizer':<12} {'best lr':>8} {'reached':>8} {'med epochs':>11} {'med s':>8} "
              f"{'s/best other':>13} {f's/epoch vs {first}':>18}"]
     for t, name, r, ratio, cost in table_rows(summary):
@@ -127,7 +129,8 @@ def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -
     """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
     runs = [{"optimizer": l.racer, "lr": l.lr, "seed": l.seed, "stopped": l.stopped, "history": l.history}
             for l in lanes]
-    meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags()}
+    meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
+            "device": device_name(lanes[0].device) if lanes else "cpu"}
     path = out / "race.json"
     atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
                                default=lambda v: None))

@@ -27,6 +27,11 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
+def device_name(device: torch.device) -> str:
+    """What a benchmark reports as its device: the GPU's name, or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] = None) -> torch.dtype:
     """bf16 on CPU; on CUDA bf16 where the GPU supports it, else fp16 (which then needs loss scaling)."""
     if isinstance(requested, torch.dtype):
