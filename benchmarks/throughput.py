@@ -216,13 +216,15 @@ def plain_loop(device: torch.device, batch: int, size: int, compiled: bool, step
     return statistics.median(time_steps(step, steps, warmup, device))
 
 
-def thor_cost(device: torch.device, opts: BenchOptions, steps: int, frequency: int = 10) -> dict[str, float]:
-    """Median seconds of THOR steps that reuse the inverses and of refresh steps (factors + inversions)."""
+def thor_cost(device: torch.device, opts: BenchOptions, steps: int, frequency: int = 10, profile: bool = False,
+              **options: object) -> dict[str, float]:
+    """Median seconds of THOR steps that reuse the inverses and of refresh steps (factors + inversions);
+    `options` go to THOR (factor_samples=32, split_dim=256...). profile: print the refresh step's top ops."""
     from torchboost.optim.thor import THOR
 
     # A tiny lr: random labels must not drive the weights to inf (THOR then skips the non-finite refreshes).
     step, model = make_step(opts, device, lambda net: THOR(net, lr=1e-4, damping=0.03, weight_decay=5e-4,
-                                                           frequency=frequency))
+                                                           frequency=frequency, **options))
     opt = model.optimizer
     for _ in range(frequency):  # warmup includes one refresh
         step()
@@ -230,7 +232,23 @@ def thor_cost(device: torch.device, opts: BenchOptions, steps: int, frequency: i
     for _ in range(steps):
         due = opt.update_index % frequency == 0  # this update recomputes factors and inverses
         (refresh if due else plain).append(time_steps(step, 1, 0, device)[0])
+    if profile:  # where a refresh step's time goes: the ops that decide what to make cheaper
+        while opt.update_index % frequency:
+            step()
+        activity = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                            if device.type == "cuda" else [])
+        with torch.profiler.profile(activities=activity) as prof:
+            time_steps(step, 1, 0, device)
+        key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=50))
     return {"plain": statistics.median(plain), "refresh": statistics.median(refresh) if refresh else float("nan")}
+
+
+def thor_options(text: str) -> dict[str, object]:
+    """'factor_samples=32,split_dim=256' -> THOR keyword arguments ('' -> THOR's defaults)."""
+    import yaml
+
+    return {k.strip(): yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
 
 
 def gpu_row(fn: Callable[[], float], label: str) -> float | None:
@@ -243,7 +261,8 @@ def gpu_row(fn: Callable[[], float], label: str) -> float | None:
         return None
 
 
-def gpu_section(device: torch.device, batch: int, size: int, steps: int, warmup: int, compile_: bool) -> None:
+def gpu_section(device: torch.device, batch: int, size: int, steps: int, warmup: int, compile_: bool,
+                thor_variants: tuple[str, ...] = ("",), thor_profile: bool = False) -> None:
     """ResNet-50 bf16 + channels_last: Model/TrainStep vs a plain torchvision loop, % of matmul peak, THOR."""
     start = time.perf_counter()
     torch.backends.cudnn.benchmark = True
@@ -274,11 +293,14 @@ def gpu_section(device: torch.device, batch: int, size: int, steps: int, warmup:
             torch.cuda.empty_cache()  # the next row's activations need the memory
     sgd = ours[False]
     opts = BenchOptions(model="resnet50", image_size=size, batch_size=batch, precision="bf16", channels_last=True)
-    thor = gpu_row(lambda: thor_cost(device, opts, steps), "THOR (eager)")
-    if thor and sgd:
-        cost = {f: (thor["plain"] * (f - 1) + thor["refresh"]) / f / sgd for f in (100, 834)}
-        print(f"THOR: plain step {1e3 * thor['plain']:.1f} ms, refresh step {1e3 * thor['refresh']:.1f} ms, SGD "
-              f"{1e3 * sgd:.1f} ms; amortized {cost[100]:.2f}x SGD at frequency 100, {cost[834]:.2f}x at 834")
+    for variant in thor_variants:
+        label = f"THOR[{variant}]" if variant else "THOR"
+        thor = gpu_row(lambda: thor_cost(device, opts, steps, profile=thor_profile and not variant,
+                                         **thor_options(variant)), f"{label} (eager)")
+        if thor and sgd:
+            cost = {f: (thor["plain"] * (f - 1) + thor["refresh"]) / f / sgd for f in (100, 834)}
+            print(f"{label}: plain step {1e3 * thor['plain']:.1f} ms, refresh step {1e3 * thor['refresh']:.1f} ms, "
+                  f"SGD {1e3 * sgd:.1f} ms; amortized {cost[100]:.2f}x SGD at frequency 100, {cost[834]:.2f}x at 834")
     print(f"GPU section took {time.perf_counter() - start:.0f} s")
     measured = {c: sec for c, sec in ours.items() if sec}
     if measured:
@@ -300,6 +322,9 @@ def main() -> None:
     ap.add_argument("--gpu-batch", type=int, default=256)
     ap.add_argument("--gpu-steps", type=int, default=30)
     ap.add_argument("--no-gpu-compile", action="store_true")
+    ap.add_argument("--thor", nargs="+", default=[""], metavar="K=V,K=V",
+                    help="THOR variants to cost on the GPU ('' = defaults), e.g. '' factor_samples=32")
+    ap.add_argument("--thor-profile", action="store_true", help="print the default THOR refresh step's top ops")
     args = ap.parse_args()
     args.batch = args.batch or (4 if args.quick else 8)
     args.repeats = args.repeats or (2 if args.quick else 3)
@@ -307,7 +332,8 @@ def main() -> None:
     if not args.gpu_only:
         cpu_section(args)
     if torch.cuda.is_available():
-        gpu_section(torch.device("cuda"), args.gpu_batch, 224, args.gpu_steps, 10, not args.no_gpu_compile)
+        gpu_section(torch.device("cuda"), args.gpu_batch, 224, args.gpu_steps, 10, not args.no_gpu_compile,
+                    tuple(args.thor), args.thor_profile)
     else:
         print("GPU section: no CUDA device here; run `python benchmarks/throughput.py --gpu-only` on a GPU machine")
 
