@@ -2,9 +2,10 @@
 # The GPU checks, as one script for a lent GPU machine, each stage time-boxed so one failure or a slow stage
 # cannot cost the others. Results land in $OUT (or ./runs/gpu when OUT is unset).
 #
-#   bash benchmarks/gpu_checks.sh [STAGE...]     (default: smoke cost race; RACE_S=200 bounds the race)
+#   bash benchmarks/gpu_checks.sh [STAGE...]     (default: smoke factors cost race; RACE_S=200 bounds the race)
 #
 #   smoke    one epoch of every racer on CUDA (the race's code path works there)
+#   factors  THOR's factor products on the tensor cores: error against float64 and time against plain fp32
 #   cost     ResNet-50 224px bf16 step costs: Model/TrainStep vs a plain loop, THOR's plain and refresh steps
 #            -> THOR/SGD at frequency 100, for THOR's defaults and cheaper-refresh variants, and the refresh
 #            step's top ops
@@ -16,7 +17,7 @@
 set -u
 OUT=${OUT:-runs/gpu}
 RACE_S=${RACE_S:-200}
-STAGES=${*:-smoke cost race}
+STAGES=${*:-smoke factors cost race}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -36,6 +37,21 @@ for stage in $STAGES; do
     timeout 60 "${RACE[@]}" --seeds 1 --epochs 1 --output "$OUT/smoke" --racers sgd muon thor \
       "thor_muon[factor_samples=32]" --lr sgd=0.1 --lr muon=0.02 --lr thor=0.1 \
       --lr "thor_muon[factor_samples=32]=0.05" 2>&1 | grep -E "error|Error|threads|^ +97.0%" | head -12 ;;
+  factors)
+    timeout 60 python3 - <<'PY' 2>&1 | tail -4
+import torch
+from torchboost.bench import time_steps
+from torchboost.optim.thor.factors import gram
+x = torch.randn(5, 128, 400_000, device="cuda") * torch.logspace(-6, 3, 128, device="cuda")[None, :, None]
+ref = torch.bmm(x.double(), x.double().transpose(1, 2))
+d = ref.diagonal(dim1=1, dim2=2).sqrt()
+err = ((gram(x).double() - ref).abs() / (d[:, :, None] * d[:, None, :])).max().item()
+fast = sorted(time_steps(lambda: gram(x), 10, 3, x.device))[5]
+plain = sorted(time_steps(lambda: torch.bmm(x, x.transpose(1, 2)), 10, 3, x.device))[5]
+print(f"THOR factor products on CUDA: max error vs float64 {err:.1e} (normalized); {1e3 * fast:.2f} ms vs "
+      f"plain fp32 bmm {1e3 * plain:.2f} ms ({plain / fast:.1f}x)")
+PY
+    ;;
   cost)
     timeout 150 python3 benchmarks/throughput.py --gpu-only --no-gpu-compile --gpu-steps 20 --thor-profile \
       --thor "" factor_samples=32 split_dim=256 inverse_method=eigen "factor_samples=32,split_dim=256" \
