@@ -12,9 +12,11 @@ are computed (rows*n*b flops instead of rows*n^2: 36x less for ResNet-50's 4608-
 A factor whose size is not a multiple of b is zero-padded; the inversion puts identity there. Sums are
 fp32 (fp64 for fp64 layers) whatever the autocast dtype: bf16 outer products break the inverses. On CUDA
 the fp32 products run on the tensor cores (`gram`): each feature scaled to a max of 1, rounded to fp16 (10
-mantissa bits: TF32's precision, and MindSpore's fp16 cube matmuls), accumulated and returned in fp32, then
-scaled back: each block is still the Gram matrix of its (rounded) columns, positive semi-definite. Plain
-fp32 products were 77% of a ResNet-50 refresh step on an H200.
+mantissa bits, as MindSpore's fp16 cube matmuls round them) and multiplied with an fp32 result, then scaled
+back. Measured on an H200 (torch 2.11): 4.8x faster than fp32 bmm, largest entry error 2.6e-3 of
+sqrt(A_ii A_jj) over 400k rows (the GPU's accumulation, not the inputs' rounding: emulated fp16 inputs give
+3e-5 at 5,000 rows); a ResNet-50 refresh step fell from 732 to 322 ms. Damping (~3% of the diagonal) and one batch's
+sampling noise are far larger than that error, and a block that loses definiteness gets more damping.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def output_columns(module: nn.Module, grad: Tensor) -> Tensor:
 
 def gram(x: Tensor) -> Tensor:
     """x @ x^T for each of (batch, b, rows). fp32 on CUDA: fp16 tensor-core products of per-feature scaled
-    rows with fp32 accumulation (see the module docstring); elsewhere in x's dtype."""
+    rows with an fp32 result (see the module docstring); elsewhere in x's dtype."""
     if x.dtype != torch.float32 or not (x.is_cuda and hasattr(torch.ops.aten.bmm, "dtype")):
         return torch.bmm(x, x.transpose(1, 2))
     return scaled_half_gram(x)
@@ -75,7 +77,8 @@ def gram(x: Tensor) -> Tensor:
 
 def scaled_half_gram(x: Tensor) -> Tensor:
     """`gram` through fp16 inputs: rows scaled to max |x| = 1 (fp16's range cannot underflow a feature's own
-    scale), products accumulated in fp32 (`bmm(..., out_dtype)`, CUDA; other devices emulate it in fp32)."""
+    scale), multiplied with an fp32 result (`bmm(..., out_dtype)` on CUDA; elsewhere emulated in fp32, which
+    is how the tests check the scaling)."""
     scale = x.abs().amax(dim=2, keepdim=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     h = (x / scale).half()
