@@ -5,12 +5,22 @@ import json
 import math
 
 import pytest
+import torch
 
 from torchboost.errors import ConfigError
 
 from torchboost.cli import main
 from torchboost.recipe.race import Lane
 from torchboost.recipe.race_report import load_lanes, median_curve, ratio_to_best_other, plot, summarize
+
+
+def test_race_on_a_device_that_is_not_there_is_one_line(tmp_path, capsys):
+    if torch.cuda.device_count() > 3:
+        pytest.skip("this machine has a fourth GPU")
+    rc = main(["race", "--config", "digits-lenet", "--set", "train.device=cuda:3", "--optimizers", "sgd",
+               "--epochs", "1", "--seeds", "1", "--output", str(tmp_path / "race")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: train.device='cuda:3'") and len(err.strip().splitlines()) == 1
 
 
 def test_race_cli_end_to_end(tmp_path, capsys):
@@ -36,6 +46,7 @@ def test_race_cli_end_to_end(tmp_path, capsys):
     assert max(first) < min(second) and sorted(first + second) == list(range(20))
     assert set(data["summary"]["targets"]["0.3"]) == {"sgd", "adamw", "muon", "thor"}
     assert data["settings"]["threads"] == 1 and data["settings"]["cpu_flags"]
+    assert data["settings"]["device"] == "cpu"  # train.device auto, no GPU here: named in the results
     assert summarize(load_lanes(out / "race.json"), (0.3, 0.999)) == data["summary"]  # re-reporting a saved race
 
 
