@@ -70,9 +70,9 @@ def option_variant(name: str, base: str, cfg, lrs, **extra) -> Racer:
 
 def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     """Muon with the input conv on Muon too (the issue's Muon setup; `muon` keeps it on AdamW as Muon's
-    authors recommend); with THOR options, the same on THOR-preconditioned gradients."""
+    authors recommend); `thor_muon-all-convs[...]`: the same on THOR-preconditioned gradients."""
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
-        if not thor:
+        if not name.startswith("thor"):
             return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
         options = dataclasses.replace(cfg.optim.thor, **thor)
         kw = thor_kwargs(OptimizerArgs(lr, options=options, updates_per_epoch=steps, epochs=epochs))

@@ -79,3 +79,42 @@ def test_trainer_schedule_keeps_the_adamw_ratio():
     assert lrs["muon (hidden weights)"] == 0.01
     assert lrs["adamw (input layer, head)"] == 0.01 * 0.2 and lrs["adamw no_decay (biases, norms)"] == 0.01 * 0.2
     assert [g["weight_decay"] for g in opt.param_groups][-1] == 0.0
+
+
+def test_normuon_matches_a_float64_formula_and_keeps_muons_step_norm():
+    """NorMuon (row_beta): momentum, Nesterov, Newton-Schulz (torch's own, which iterates in bf16), rows
+    divided by the root of their running mean square, rescaled to the orthogonalised update's norm, decoupled
+    decay, torch's lr adjustment — three steps against the formula in float64, on a wide and a tall weight."""
+    from torch.optim import _muon
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 12, bias=False), nn.Linear(12, 5, bias=False),
+                        nn.Linear(5, 9, bias=False), nn.Linear(9, 3, bias=False)).double()
+    lr, mom, wd, beta = 0.05, 0.9, 0.01, 0.8
+    opt = muon_optimizer(net, lr=lr, momentum=mom, weight_decay=wd, row_beta=beta)
+    hidden = {1: net[1].weight, 2: net[2].weight}  # muon_split: first and last Linear go to AdamW
+    w = {i: p.detach().numpy().copy() for i, p in hidden.items()}
+    buf = {i: np.zeros_like(v) for i, v in w.items()}
+    ms = {i: np.zeros(v.shape[0]) for i, v in w.items()}
+    for k in range(3):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(16, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (16,), generator=g)
+        net.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        grads = {i: p.grad.numpy().copy() for i, p in hidden.items()}
+        opt.step()
+        for i in w:
+            buf[i] = mom * buf[i] + (1 - mom) * grads[i]
+            o = _muon._zeropower_via_newtonschulz(torch.from_numpy((1 - mom) * grads[i] + mom * buf[i]),
+                                                  (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5,
+                                                  _muon.EPS).double().numpy()
+            ms[i] = beta * ms[i] + (1 - beta) * (o**2).mean(axis=1)
+            n = o / (np.sqrt(ms[i])[:, None] + 1e-8)
+            n *= np.linalg.norm(o) / np.linalg.norm(n)
+            rows, cols = w[i].shape
+            w[i] = w[i] * (1 - lr * wd) - lr * max(1, rows / cols) ** 0.5 * n
+            np.testing.assert_allclose(hidden[i].detach().numpy(), w[i], rtol=1e-9, atol=1e-12)
+    state = opt.state[net[1].weight]["row_mean_square"]
+    assert state.shape == (5,) and state.dtype == torch.float64
+    # the normalisation changes the step's direction, not its size: the same norm as plain Muon's step
+    assert not np.allclose(n, o) and np.isclose(np.linalg.norm(n), np.linalg.norm(o))

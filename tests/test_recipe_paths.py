@@ -116,7 +116,8 @@ def test_resolved_config_is_what_the_run_saved(tmp_path):
 
 
 @pytest.mark.parametrize("name,mom,nest", [("sgd", 0.9, False), ("thor", 0.9, False), ("muon", 0.95, True),
-                                           ("thor_muon", 0.95, True)])
+                                           ("thor_muon", 0.95, True), ("normuon", 0.95, True),
+                                           ("thor_normuon", 0.95, True)])
 def test_unset_momentum_is_each_optimizers_own_default(name, mom, nest):
     cfg, _, _ = load_resolved(None, ["data.dataset=digits", f"optim.name={name}"])
     assert (cfg.optim.momentum, cfg.optim.nesterov) == (mom, nest)  # recorded in config.yaml and checkpoints
@@ -135,7 +136,7 @@ def test_thor_muon_through_the_recipe(tmp_path):
     assert train_from_config(cfg).eval_results["val_top_1_accuracy"] >= 0.85
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw", "muon", "thor", "thor_muon"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "muon", "thor", "thor_muon", "normuon", "thor_normuon"])
 def test_head_lr_mult_scales_only_the_head_through_the_schedule(name):
     """Every optimizer: the classifier head's groups carry mult x the lr of the group they came from, at every
     step of a schedule, and nothing else moves between groups."""

@@ -149,12 +149,13 @@ def test_check_thor_options_names_the_key_and_the_allowed_range():
         THOR(mlp(), lr=0.1, damping=0.1, frequncy=3)
 
 
-def test_thor_muon_orthogonalises_the_dense_kfac_direction():
+@pytest.mark.parametrize("row_beta", [None, 0.95])  # Muon, NorMuon (thor_normuon)
+def test_thor_muon_orthogonalises_the_dense_kfac_direction(row_beta):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double()
     ref = copy.deepcopy(net)
-    opt = thor_muon(net, lr=0.02, weight_decay=1e-2, damping=0.1, frequency=1, split_dim=None)
-    ref_opt = muon_optimizer(ref, lr=0.02, weight_decay=1e-2)  # Muon for net[2], AdamW for the rest
+    opt = thor_muon(net, lr=0.02, weight_decay=1e-2, damping=0.1, frequency=1, split_dim=None, row_beta=row_beta)
+    ref_opt = muon_optimizer(ref, lr=0.02, weight_decay=1e-2, row_beta=row_beta)  # Muon: net[2]; AdamW: the rest
     for k in range(2):
         x, y = batch(k)
         reference_step(ref, ref_opt, x, y)

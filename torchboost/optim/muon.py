@@ -27,17 +27,24 @@ from torchboost.optim.closure import evaluate_closure
 class MuonAdamW(torch.optim.Optimizer):
     """Groups with `use_muon=True` get Muon (momentum, nesterov, Newton-Schulz orthogonalisation of the 2-D
     view, torch's lr adjustment sqrt(max(1, out/in)), decoupled weight decay); the others AdamW (`betas`,
-    `eps`, decoupled weight decay)."""
+    `eps`, decoupled weight decay).
+
+    `row_beta` set: NorMuon (Li et al., 2025) — each row (output neuron) of the orthogonalised update is
+    divided by the root of its running mean square (EMA with factor row_beta), then the update is scaled back
+    to the orthogonalised update's Frobenius norm, so the step size and lr grid stay Muon's and only how the
+    step spreads over neurons changes (the paper rescales to 0.2 sqrt(out*in) instead)."""
 
     def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 ns_steps: int = _muon.DEFAULT_NS_STEPS) -> None:
+                 ns_steps: int = _muon.DEFAULT_NS_STEPS, row_beta: float | None = None) -> None:
         if lr < 0 or momentum < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ConfigError(f"Muon: lr, momentum and weight_decay must be >= 0 and betas in [0, 1); got lr "
                               f"{lr}, momentum {momentum}, weight_decay {weight_decay}, betas {betas}",
                               "fix the optimizer arguments")
+        if row_beta is not None and not 0 <= row_beta < 1:
+            raise ConfigError(f"NorMuon: row_beta must be in [0, 1), got {row_beta}", "e.g. 0.95")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, betas=betas,
-                        eps=eps, ns_steps=ns_steps, use_muon=False)
+                        eps=eps, ns_steps=ns_steps, use_muon=False, row_beta=row_beta)
         super().__init__(groups, defaults)
         for g in self.param_groups:
             if g["use_muon"] and any(p.ndim < 2 for p in g["params"]):
@@ -62,10 +69,33 @@ class MuonAdamW(torch.optim.Optimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(f)
             bufs.append(state["momentum_buffer"])
+        if group.get("row_beta") is not None:  # .get: groups loaded from checkpoints before NorMuon lack it
+            return self._normuon(group, params, flat, bufs)
         _muon.muon(flat, [p.grad.view(f.shape) for p, f in zip(params, flat)], bufs, lr=group["lr"],
                    weight_decay=group["weight_decay"], momentum=group["momentum"], nesterov=group["nesterov"],
                    ns_coefficients=(_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), ns_steps=group["ns_steps"],
                    eps=_muon.EPS, adjust_lr_fn=None, has_complex=False)
+
+    def _normuon(self, group: dict, params: list[Tensor], flat: list[Tensor], bufs: list[Tensor]) -> None:
+        """torch's single-tensor Muon step with the row normalisation between orthogonalising and applying
+        (torch's `muon` has no hook there)."""
+        lr, beta = group["lr"], group["row_beta"]
+        coefficients = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+        for p, f, buf in zip(params, flat, bufs):
+            grad = p.grad.view(f.shape)
+            buf.lerp_(grad, 1 - group["momentum"])
+            update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+            # torch iterates in bf16 (as Muon's authors do); the row statistics and the step are in f's dtype
+            update = _muon._zeropower_via_newtonschulz(update, coefficients, group["ns_steps"], _muon.EPS).to(f.dtype)
+            state = self.state[p]
+            if "row_mean_square" not in state:
+                state["row_mean_square"] = torch.zeros(f.shape[0], dtype=update.dtype, device=update.device)
+            rms = state["row_mean_square"]
+            rms.lerp_(update.square().mean(dim=1), 1 - beta)
+            normalized = update / (rms.sqrt()[:, None] + group["eps"])
+            normalized *= update.norm() / normalized.norm().clamp_min(torch.finfo(update.dtype).tiny)
+            f.mul_(1 - lr * group["weight_decay"])
+            f.add_(normalized, alpha=-_muon._adjust_lr(lr, None, f.shape))
 
     def _adamw(self, group: dict, params: list[Tensor]) -> None:
         for p in params:
@@ -103,10 +133,11 @@ def muon_split(model: nn.Module, input_layer: str = "adamw") -> tuple[list[Tenso
 
 def muon_optimizer(model: nn.Module, lr: float, momentum: float = 0.95, weight_decay: float = 0.0,
                    nesterov: bool = True, adamw_lr: float | None = None,
-                   adamw_betas: tuple[float, float] = (0.9, 0.95), *, input_layer: str = "adamw") -> MuonAdamW:
+                   adamw_betas: tuple[float, float] = (0.9, 0.95), *, input_layer: str = "adamw",
+                   row_beta: float | None = None) -> MuonAdamW:
     """Muon at `lr` for the hidden weights, AdamW at `adamw_lr` (default lr / 10) for the rest (see
     `muon_split`, which `input_layer` goes to); AdamW groups keep adamw_lr / lr of any lr schedule through
-    their `lr_scale` key."""
+    their `lr_scale` key. `row_beta`: NorMuon's row normalisation (see `MuonAdamW`)."""
     adamw_lr = lr / 10 if adamw_lr is None else adamw_lr
     scale = adamw_lr / lr if lr > 0 else 1.0
     muon, adamw, no_decay = muon_split(model, input_layer)
@@ -115,4 +146,4 @@ def muon_optimizer(model: nn.Module, lr: float, momentum: float = 0.95, weight_d
               dict(name="adamw no_decay (biases, norms)", params=no_decay, lr=adamw_lr, lr_scale=scale,
                    weight_decay=0.0)]
     return MuonAdamW([g for g in groups if g["params"]], lr=lr, momentum=momentum, nesterov=nesterov,
-                     weight_decay=weight_decay, betas=adamw_betas)
+                     weight_decay=weight_decay, betas=adamw_betas, row_beta=row_beta)

@@ -125,6 +125,14 @@ def _muon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     return muon_optimizer(model, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov)
 
 
+NORMUON_ROW_BETA = 0.95  # the NorMuon paper's second-moment factor (its beta2)
+
+
+def _normuon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    return muon_optimizer(model, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
+                          row_beta=NORMUON_ROW_BETA)
+
+
 def thor_kwargs(a: OptimizerArgs) -> dict:
     """ThorPreconditioner keyword arguments from `optim.thor`; damping_decay becomes the per-update damping."""
     kw = dataclasses.asdict(a.options)
@@ -161,6 +169,11 @@ def _thor_muon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     return thor_muon(model, a.lr, a.momentum, a.weight_decay, a.nesterov, **thor_kwargs(a))
 
 
+def _thor_normuon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    return thor_muon(model, a.lr, a.momentum, a.weight_decay, a.nesterov, row_beta=NORMUON_ROW_BETA,
+                     **thor_kwargs(a))
+
+
 register(OptimizerEntry("sgd", "momentum SGD (fused kernel); per-layer weight decay groups", _sgd,
                         (0.01, 0.02, 0.05), momentum=0.9, nesterov=False, weight_decay_groups=True,
                         decay_bn_and_bias=True))
@@ -168,9 +181,14 @@ register(OptimizerEntry("adamw", "AdamW (fused kernel); per-layer weight decay g
                         (0.001, 0.002, 0.005), weight_decay_groups=True, decay_bn_and_bias=True))
 register(OptimizerEntry("muon", "Muon on hidden weights + AdamW on the input layer, head, biases and norms",
                         _muon, (0.01, 0.02, 0.05), momentum=0.95, nesterov=True))
+register(OptimizerEntry("normuon", "NorMuon: Muon with each neuron's update normalised by its running RMS, at Muon's "
+                        "step norm", _normuon, (0.01, 0.02, 0.05), momentum=0.95, nesterov=True, race_default=False))
 register(OptimizerEntry("thor", "THOR: MindSpore's second-order optimizer (K-FAC natural gradient + momentum SGD)",
                         _thor, (0.01, 0.02, 0.05), momentum=0.9, nesterov=False, options=ThorRecipeOptions,
                         options_key="thor", check=check_thor_section, family=THOR_FAMILY, decay_bn_and_bias=True))
 register(OptimizerEntry("thor_muon", "Muon on THOR-preconditioned gradients (options: optim.thor)", _thor_muon,
                         (0.01, 0.02, 0.05), momentum=0.95, nesterov=True, options=ThorRecipeOptions,
+                        options_key="thor", check=check_thor_section, family=THOR_FAMILY, race_default=False))
+register(OptimizerEntry("thor_normuon", "NorMuon on THOR-preconditioned gradients (options: optim.thor)",
+                        _thor_normuon, (0.01, 0.02, 0.05), momentum=0.95, nesterov=True, options=ThorRecipeOptions,
                         options_key="thor", check=check_thor_section, family=THOR_FAMILY, race_default=False))

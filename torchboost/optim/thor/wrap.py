@@ -47,9 +47,10 @@ class ThorPreconditioned(ScalerThroughPreconditioner, torch.optim.Optimizer):
 
 
 def thor_muon(model: nn.Module, lr: float, momentum: float = 0.95, weight_decay: float = 0.0,
-              nesterov: bool = True, input_layer: str = "adamw", **thor_options: Any) -> ThorPreconditioned:
+              nesterov: bool = True, input_layer: str = "adamw", row_beta: float | None = None,
+              **thor_options: Any) -> ThorPreconditioned:
     """Muon (hidden weights) + AdamW (input layer, head, biases; see `muon_split`) on THOR-preconditioned
-    gradients: G^-1 grad A^-1 is orthogonalised instead of the raw gradient."""
+    gradients: G^-1 grad A^-1 is orthogonalised instead of the raw gradient (`row_beta`: NorMuon)."""
     pre = ThorPreconditioner(model, **thor_options)
-    return ThorPreconditioned(muon_optimizer(model, lr, momentum, weight_decay, nesterov, input_layer=input_layer),
-                              pre)
+    inner = muon_optimizer(model, lr, momentum, weight_decay, nesterov, input_layer=input_layer, row_beta=row_beta)
+    return ThorPreconditioned(inner, pre)
