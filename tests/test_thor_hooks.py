@@ -203,3 +203,22 @@ def test_scaled_half_gram_matches_float64_on_features_of_any_scale():
     eig = torch.linalg.eigvalsh(got.double() / (d[:, :, None] * d[:, None, :]).clamp_min(1e-300))
     assert eig.min() > -1e-3
     assert torch.equal(gram(x), torch.bmm(x, x.transpose(1, 2)))  # on the CPU: the plain fp32 product
+
+
+@pytest.mark.parametrize("groups,n,b", [(1, 144, 128), (1, 9, 9), (2, 20, 8), (3, 16, 8), (1, 5, 8)])
+def test_outer_blocks_are_the_diagonal_blocks_of_the_float64_gram(groups, n, b):
+    """Every block (a last partial one zero-padded) against slices of the dense float64 Gram matrix."""
+    from torchboost.optim.thor.factors import outer_blocks
+
+    cols = torch.randn(groups * n, 300, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    got = outer_blocks(cols, groups, b)
+    nb = -(-n // b)
+    assert got.shape == (groups, nb, b, b)
+    for g in range(groups):
+        x = cols[g * n:(g + 1) * n]
+        dense = x @ x.T
+        for k in range(nb):
+            lo, hi = k * b, min(n, (k + 1) * b)
+            want = torch.zeros(b, b, dtype=torch.float64)
+            want[: hi - lo, : hi - lo] = dense[lo:hi, lo:hi]
+            torch.testing.assert_close(got[g, k], want, rtol=1e-12, atol=1e-12)

@@ -93,13 +93,20 @@ def scaled_half_gram(x: Tensor) -> Tensor:
 
 def outer_blocks(cols: Tensor, groups: int, b: int) -> Tensor:
     """Diagonal b x b blocks of each group's sum over rows of outer products:
-    (groups * n, rows) -> (groups, ceil(n / b), b, b); features past n are zero padding."""
+    (groups * n, rows) -> (groups, ceil(n / b), b, b); features past n are zero padding.
+    A last, partial block of r < b features is multiplied at its own size (r^2 rows, not b^2) and placed in
+    the zero block: a 144-wide factor at b = 128 costs 128^2 + 16^2 instead of 2 * 128^2, and no padded copy
+    of the columns is made."""
     n = cols.shape[0] // groups
-    nb = -(-n // b)
+    full, r = divmod(n, b)
     x = cols.reshape(groups, n, -1)
-    if nb * b != n:
-        x = F.pad(x, (0, 0, 0, nb * b - n))
-    return gram(x.reshape(groups * nb, b, -1)).reshape(groups, nb, b, b)
+    if not r:
+        return gram(x.reshape(groups * full, b, -1)).reshape(groups, full, b, b)
+    out = cols.new_zeros(groups, full + 1, b, b)
+    if full:
+        out[:, :full] = gram(x[:, : full * b].reshape(groups * full, b, -1)).reshape(groups, full, b, b)
+    out[:, full, :r, :r] = gram(x[:, full * b :])
+    return out
 
 
 def _noop(*args: Any) -> None:
