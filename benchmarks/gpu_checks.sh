@@ -42,14 +42,18 @@ for stage in $STAGES; do
 import torch
 from torchboost.bench import time_steps
 from torchboost.optim.thor.factors import gram
-x = torch.randn(5, 128, 400_000, device="cuda") * torch.logspace(-6, 3, 128, device="cuda")[None, :, None]
-ref = torch.bmm(x.double(), x.double().transpose(1, 2))
-d = ref.diagonal(dim1=1, dim2=2).sqrt()
-err = ((gram(x).double() - ref).abs() / (d[:, :, None] * d[:, None, :])).max().item()
-fast = sorted(time_steps(lambda: gram(x), 10, 3, x.device))[5]
-plain = sorted(time_steps(lambda: torch.bmm(x, x.transpose(1, 2)), 10, 3, x.device))[5]
-print(f"THOR factor products on CUDA: max error vs float64 {err:.1e} (normalized); {1e3 * fast:.2f} ms vs "
-      f"plain fp32 bmm {1e3 * plain:.2f} ms ({plain / fast:.1f}x)")
+for rows in (400_000, 802_816):  # 802,816 = ResNet-50's first stage at batch 256 (256 x 56 x 56 positions)
+    x = torch.randn(5, 128, rows, device="cuda") * torch.logspace(-6, 3, 128, device="cuda")[None, :, None]
+    ref = torch.bmm(x.double(), x.double().transpose(1, 2))
+    d = ref.diagonal(dim1=1, dim2=2).sqrt()
+    got = gram(x)
+    err = ((got.double() - ref).abs() / (d[:, :, None] * d[:, None, :])).max().item()
+    fast = sorted(time_steps(lambda: gram(x), 10, 3, x.device))[5]
+    plain = sorted(time_steps(lambda: torch.bmm(x, x.transpose(1, 2)), 10, 3, x.device))[5]
+    print(f"THOR factor products on CUDA, {rows} rows: finite {bool(torch.isfinite(got).all())}, max error vs "
+          f"float64 {err:.1e} (normalized); {1e3 * fast:.2f} ms vs plain fp32 bmm {1e3 * plain:.2f} ms "
+          f"({plain / fast:.1f}x)")
+    del x, ref, got
 PY
     ;;
   cost)

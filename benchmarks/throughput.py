@@ -241,6 +241,9 @@ def thor_cost(device: torch.device, opts: BenchOptions, steps: int, frequency: i
             time_steps(step, 1, 0, device)
         key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         print(prof.key_averages().table(sort_by=key, row_limit=14, max_name_column_width=50))
+    bad = {k: v for k, v in opt.counters.items() if k in ("capture_failures", "inverse_failures") and v}
+    if bad or not opt.counters["refreshes"]:  # a skipped refresh would look like a cheap one
+        print(f"THOR refreshes did not all happen: {dict(opt.counters)}")
     return {"plain": statistics.median(plain), "refresh": statistics.median(refresh) if refresh else float("nan")}
 
 

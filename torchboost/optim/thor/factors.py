@@ -70,7 +70,7 @@ def output_columns(module: nn.Module, grad: Tensor) -> Tensor:
 def gram(x: Tensor) -> Tensor:
     """x @ x^T for each of (batch, b, rows). fp32 on CUDA: fp16 tensor-core products of per-feature scaled
     rows with an fp32 result (see the module docstring); elsewhere in x's dtype."""
-    if x.dtype != torch.float32 or not (x.is_cuda and hasattr(torch.ops.aten.bmm, "dtype")):
+    if x.dtype != torch.float32 or not x.shape[2] or not (x.is_cuda and hasattr(torch.ops.aten.bmm, "dtype")):
         return torch.bmm(x, x.transpose(1, 2))
     return scaled_half_gram(x)
 
