@@ -30,7 +30,7 @@ from .recipe.config import Config, DataConfig, ModelConfig
 from .recipe.data import DEFAULT_SIZE, DEFAULT_STATS, FOLDER_SIZE, folder_train_transform, infer_data, small_stem
 from .recipe.kinds import FOLDER
 from .optim.registry import DEFAULT_OPTIMIZER, OptimizerArgs, build_optimizer
-from .train.device import resolve_device
+from .train.device import resolve_device, sync
 from .train.model import Model
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -122,11 +122,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-classes", type=int, default=d.num_classes, help="classes of the classifier")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
     parser.add_argument("--json", help="also write the result as JSON to this file")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # kernels run asynchronously: read clocks only once they are done
 
 
 def build_model(opts: BenchOptions, device: torch.device,

@@ -33,7 +33,7 @@ from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
 from torchboost.recipe.config import Config
 from torchboost.seed import seed_everything
-from torchboost.train.device import resolve_device
+from torchboost.train.device import resolve_device, sync
 from torchboost.train.step import TrainStep, prepare_input
 
 # (model, lr, updates per epoch, epochs) -> optimizer
@@ -138,7 +138,7 @@ class Lane:
         batches = [(x.to(self.device), y.to(self.device)) for x, y in self.loader]
         self.model.train()
         loss = torch.zeros(())
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         try:
             for x, y in batches:
@@ -146,7 +146,7 @@ class Lane:
                 self.updates += 1
         except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
             loss = torch.tensor(float("nan"))
-        _sync(self.device)  # GPU kernels run asynchronously: the epoch ends when the device is done
+        sync(self.device)  # GPU kernels run asynchronously: the epoch ends when the device is done
         self.seconds += time.perf_counter() - start
         return float(loss)
 
@@ -155,11 +155,6 @@ class Lane:
         self.model.eval()
         hits = sum(int((self.model(x).argmax(1) == y).sum()) for x, y in batches)
         return hits / sum(len(y) for _, y in batches)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, device: torch.device) -> Lane:

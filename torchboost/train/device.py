@@ -27,6 +27,12 @@ def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
     return dev
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work: CUDA kernels run asynchronously, so read clocks only after this."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def device_name(device: torch.device) -> str:
     """What a benchmark reports as its device: the GPU's name, or "cpu"."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
