@@ -1,9 +1,17 @@
-"""Atomic file replacement: a reader never sees a half-written file, even after a crash or SIGKILL.
+"""Every file the tool writes, deletes or reads goes through here.
 
-Every file the library writes goes through `atomic_path` (or `atomic_write`, built on it): a temp file
-`.NAME.PID.tmp` in the same folder, flushed and fsynced, then `os.replace`d. A failed write raises
-`OutputError` (disk full, quota, permissions) and leaves the previous file untouched; the temp files a
-killed run left behind are removed at the next start by `remove_stale_temps`.
+Writes: `atomic_path` (or `atomic_write`, built on it): a temp file `.NAME.PID.tmp` in the same folder,
+flushed and fsynced, then `os.replace`d. A failed write raises `OutputError` (disk full, quota, permissions)
+and leaves the previous file untouched; the temp files a killed run left behind are removed at the next
+start by `remove_stale_temps`.
+
+Confinement: inside a folder the tool owns (a run's output, an export), `confine_writes(folder)` makes every
+write, folder creation and deletion below it check that no link on the way leads out of it (`check_inside`):
+a run folder whose `ckpt/` is a link to another run's cannot make `--overwrite` delete, or a new run write,
+there. The folder itself may be a link (the user named it); what lies inside it is data.
+
+Reads: `open_regular` / `read_regular` / `check_regular` refuse anything but a regular file before reading
+(a FIFO blocks the reader forever, a device never ends).
 """
 
 from __future__ import annotations
@@ -12,12 +20,14 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
+from typing import BinaryIO
 from contextlib import contextmanager
 from pathlib import Path
 
-from torchboost.errors import OutputError
+from torchboost.errors import DataError, OutputError, TorchboostError, printable
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
 _STARTED = time.time()  # about when this process started (torchboost is imported early)
@@ -39,6 +49,129 @@ def output_error(path: str | os.PathLike, e: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {reason}", f"{fix}; the last good checkpoint is intact")
 
 
+# (lexical absolute path, real path) of each folder writes are confined to. A process-wide stack, like
+# torch.no_grad's flag: the callbacks, history and checkpoint writers are library code that takes a plain
+# folder, and the run that owns the folder sets the policy once instead of threading it through every one.
+_CONFINED: list[tuple[Path, Path]] = []
+
+
+@contextmanager
+def confine_writes(root: str | os.PathLike) -> Iterator[None]:
+    """While the block runs, writes and deletes below `root` must not pass through a link leading out of it."""
+    entry = (Path(os.path.abspath(root)), Path(os.path.realpath(root)))
+    _CONFINED.append(entry)
+    try:
+        yield
+    finally:
+        _CONFINED.remove(entry)
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def is_inside(path: str | os.PathLike) -> bool:
+    """Whether `check_inside` accepts `path`."""
+    try:
+        check_inside(path)
+    except OutputError:
+        return False
+    return True
+
+
+def check_inside(path: str | os.PathLike) -> Path:
+    """`path`, unless it lies in a confined folder and its real path (every link on the way resolved, the
+    file's own too; parts that do not exist yet appended) is outside that folder: then OutputError, before
+    anything is touched."""
+    path = Path(path)
+    lexical = Path(os.path.abspath(path))
+    for root, real in _CONFINED:
+        if _within(lexical, root) and lexical != root:
+            target = Path(os.path.realpath(lexical))
+            if not _within(target, real):
+                shown = next((p for p in [*reversed(lexical.parents), lexical]
+                              if _within(p, root) and p != root and os.path.islink(p)), lexical)
+                raise OutputError(f"{printable(str(shown))} is a link out of the folder {printable(str(root))} "
+                                  f"(to {printable(str(target))})",
+                                  "remove the link (the tool never writes or deletes through one), or choose "
+                                  "another --output")
+    return path
+
+
+def make_dirs(path: str | os.PathLike) -> Path:
+    """mkdir -p, inside the confined folders only."""
+    path = check_inside(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise output_error(path, e) from e
+    return path
+
+
+def remove_file(path: str | os.PathLike) -> None:
+    """Delete a file (a missing one is fine), inside the confined folders only."""
+    check_inside(path)
+    Path(path).unlink(missing_ok=True)
+
+
+def remove_empty_dir(path: str | os.PathLike) -> bool:
+    """rmdir when empty (True when removed), inside the confined folders only; a link is never followed."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return False
+    check_inside(path / "x")  # the folder's own real path must be inside
+    try:
+        path.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(path: str | os.PathLike, mode: int, error: type[TorchboostError]) -> TorchboostError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return error(f"{printable(str(path))} is {kind}, not a regular file",
+                 "replace it with the file it stands for, or remove it")
+
+
+def regular_fd(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> int:
+    """A read-only descriptor of `path`, after checking (on the open descriptor, so nothing can swap the file
+    in between) that it is a regular file: a FIFO is opened without blocking and refused, never read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode, error)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> BinaryIO:
+    """The regular file `path` opened for binary reading (see `regular_fd`)."""
+    return os.fdopen(regular_fd(path, error), "rb")
+
+
+def read_regular(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> bytes:
+    """The bytes of a regular file (see `open_regular`)."""
+    with open_regular(path, error) as f:
+        return f.read()
+
+
+def check_regular(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> Path:
+    """`path`, when it is a regular file (links followed), for readers that open paths themselves
+    (torch.load's mmap, safetensors, np.load); a FIFO, device or socket is refused without opening it."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode, error)
+    return Path(path)
+
+
 def temp_path(path: str | os.PathLike) -> Path:
     """The temp file `atomic_path` writes before renaming it onto `path`."""
     path = Path(path)
@@ -53,12 +186,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     the folder is fsynced too so the rename itself survives a power cut. On any exception the temp file
     is removed and `path` is left untouched; an OSError (in the body or here) becomes `OutputError`.
     """
-    path = Path(path)
+    path = check_inside(path)
     if not path.name or path.is_dir():
-        raise OutputError(f"cannot write {path}: it is a folder", "give a file name")
+        raise OutputError(f"cannot write {printable(str(path))}: it is a folder", "give a file name")
     tmp = temp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.is_symlink() or tmp.exists():  # a planted temp name: writing would go through it
+            tmp.unlink()
         yield tmp
         with open(tmp, "rb+") as f:  # fsync here so writers that open the file themselves are covered too
             os.fsync(f.fileno())
@@ -79,7 +214,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     """Replace `path` with `data` (str is written as UTF-8) atomically; returns the path."""
     raw = data.encode() if isinstance(data, str) else data
     with atomic_path(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             view = memoryview(raw)
             while view:  # os.write may write less than asked
@@ -107,7 +242,7 @@ def remove_stale_temps(directory: str | os.PathLike, started: float | None = Non
     file a live process is writing right now is kept: writing keeps its modification time recent.
     """
     directory = Path(directory)
-    if not directory.is_dir():
+    if not directory.is_dir() or not is_inside(directory / "x"):
         return []
     started = _STARTED if started is None else started
     removed = []
@@ -118,7 +253,7 @@ def remove_stale_temps(directory: str | os.PathLike, started: float | None = Non
         try:
             stale = not _alive(int(m["pid"])) or p.stat().st_mtime < started
             if stale:
-                p.unlink()
+                remove_file(p)
                 removed.append(p)
         except FileNotFoundError:  # its writer renamed or removed it meanwhile
             continue

@@ -22,6 +22,7 @@ import torch
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.fileio import atomic_path
 from torchboost.migrate.formats import FORMATS, TORCH
+from torchboost.train.checkpoint import torch_load
 
 CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # a first stage's torchboost checkpoints
 
@@ -66,7 +67,9 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
 def load_state_dict(path: str | Path) -> Mapping[str, torch.Tensor]:
     """A model state dict from a torchboost checkpoint ({"model": ...}) or a plain state-dict file."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        obj = torch_load(path, mmap=True)
+    except CheckpointError:
+        raise
     except Exception as e:  # torch raises several types for foreign/corrupt files
         raise CheckpointError(f"cannot read {path} as a torch checkpoint ({type(e).__name__})",
                               "convert MindSpore .ckpt files with `torchboost convert` first") from e

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from PIL import Image
@@ -26,6 +26,7 @@ from torch.utils.data import Dataset, default_collate
 from torchboost.data.sampling import sample_rng
 from torchboost.data.transforms import ImageTransform
 from torchboost.errors import DataError
+from torchboost.fileio import open_regular
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # What Pillow raises for an unreadable file: OSError (UnidentifiedImageError, truncated data), SyntaxError
@@ -38,9 +39,10 @@ MAX_PIXELS = 100_000_000  # checked from the header, before decoding: a 1 kB PNG
 
 
 @contextmanager
-def open_image(path: str | Path) -> Iterator[Image.Image]:
-    """Image.open, refusing (ValueError, one of IMAGE_ERRORS) a size over MAX_PIXELS before any decoding."""
-    with Image.open(path) as img:
+def open_image(path: str | Path | BinaryIO) -> Iterator[Image.Image]:
+    """Image.open of a file (only a regular one: a FIFO named x.png must not block the loader) or of bytes
+    in memory, refusing (ValueError, one of IMAGE_ERRORS) a size over MAX_PIXELS before any decoding."""
+    with (nullcontext(path) if hasattr(path, "read") else open_regular(path)) as f, Image.open(f) as img:
         w, h = img.size
         if w * h > MAX_PIXELS:
             raise ValueError(f"{w}×{h} pixels is over the {MAX_PIXELS:,}-pixel limit")

@@ -16,6 +16,7 @@ import torch
 
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
+from torchboost.fileio import read_regular
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 # IDX type codes -> big-endian numpy dtypes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
@@ -33,7 +34,7 @@ def _read_bytes(path: Path, cap: Callable[[bytes], int] = lambda head: MAX_INFLA
     """File contents, gunzipped when the file starts with the gzip magic (whatever its name), inflating at
     most `cap(first bytes)` bytes: a few MB of gzip can inflate to GBs, so the output is bounded, not trusted."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
         if raw[:2] != b"\x1f\x8b":
             return raw
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip framing

@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from typing import IO
 
 from torchboost.data.folder import IMG_EXTENSIONS, FolderSample
 from torchboost.errors import DataError
+from torchboost.fileio import open_regular, read_regular
 
 PIPE = "pipe:"
 INDEX_NAME = "_info.json"
@@ -39,6 +41,8 @@ MAX_MEMBER_BYTES = 64 * 2**20  # one encoded image; ImageNet's largest JPEG is ~
 MAX_CLS_BYTES = 32  # a class index in ASCII
 MAX_INDEX_BYTES = 16 * 2**20  # ~200k shard names
 MAX_SHARDS = 1_000_000  # a pattern naming more is a typo in a range
+MAX_PATTERN = 65_536  # characters in one shard pattern
+MAX_NESTING = 32  # brace levels in one shard pattern (braceexpand recurses once per level)
 RE_EXPORT = "re-create the shards with torchboost export-shards, or remove this shard from the list"
 
 
@@ -84,19 +88,90 @@ class MemberRef:
 
 def expand_shards(pattern: str) -> list[str]:
     """Shard names from a brace pattern (`train-{000000..000127}.tar`, `{a,b}.tar`), in order; a `pipe:`
-    command expands the same way (`pipe:curl -s http://host/train-{0000..0009}.tar`)."""
+    command expands the same way (`pipe:curl -s http://host/train-{0000..0009}.tar`). The names are counted
+    before they are made: braceexpand builds every range whole (`{0..999999999}` would take minutes and
+    gigabytes before a limit applied to its output could say no)."""
     from braceexpand import UnbalancedBracesError, braceexpand  # here: only patterns in the config need it
 
     if not pattern.strip():
         raise DataError("an empty shard pattern", "give shard files such as train-{000000..000009}.tar")
+    if len(pattern) > MAX_PATTERN:
+        raise DataError(f"a shard pattern of {len(pattern):,} characters", f"write at most {MAX_PATTERN:,}")
     try:
-        names = list(itertools.islice(braceexpand(pattern), MAX_SHARDS + 1))
+        count = _count_names(pattern, 0)
+        if count > MAX_SHARDS:
+            raise DataError(f"shard pattern {pattern[:80]!r} names {count:,} shards (over {MAX_SHARDS:,})",
+                            "check the ranges")
+        return list(braceexpand(pattern))
     except UnbalancedBracesError:
         raise DataError(f"shard pattern {pattern[:80]!r} has unbalanced braces",
                         "write ranges as {000000..000127} and lists as {a,b}") from None
-    if len(names) > MAX_SHARDS:
-        raise DataError(f"shard pattern {pattern[:80]!r} names over {MAX_SHARDS:,} shards", "check the ranges")
-    return names
+    except ValueError as e:  # a range bound of thousands of digits (int() refuses it)
+        raise DataError(f"shard pattern {pattern[:80]!r} is not readable ({e})", "check the ranges") from None
+
+
+# braceexpand's grammar, counting instead of expanding (it is the package that expands, so the count is of the
+# same names): a pattern is a product of literals and {...} items; an item is an integer or letter range, a
+# comma sequence of patterns (summed), or else literal braces around a pattern.
+_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+
+
+def _count_names(pattern: str, depth: int) -> int:
+    if depth > MAX_NESTING:
+        raise DataError(f"shard pattern nests braces over {MAX_NESTING} deep", "write a flat pattern")
+    total, start, level, pos = 1, 0, 0, 0
+    while pos < len(pattern):
+        c = pattern[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            level += 1
+            if level == 1:
+                start = pos
+        elif c == "}" and level:
+            level -= 1
+            if level == 0:
+                total *= _count_item(pattern[start + 1:pos], depth + 1)
+                if total > MAX_SHARDS:  # stop multiplying: the caller refuses it anyway
+                    return total
+        elif c == "}":
+            level -= 1
+        pos += 1
+    if level != 0:
+        from braceexpand import UnbalancedBracesError
+
+        raise UnbalancedBracesError(pattern)
+    return total
+
+
+def _count_item(expr: str, depth: int) -> int:
+    for rx, size in ((_INT_RANGE, None), (_CHAR_RANGE, 52)):
+        m = rx.match(expr)
+        if m:
+            step = (int(m[3]) or 1) if m[3] else 1
+            if size is None:
+                a, b = int(m[1]), int(m[2])
+            else:
+                from braceexpand import alphabet
+
+                a, b = alphabet.index(m[1]), alphabet.index(m[2])
+            return abs(b - a) // step + 1
+    parts, start, level, pos = [], 0, 0, 0
+    while pos < len(expr):
+        c = expr[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        level += (c == "{") - (c == "}")
+        if c == "," and level == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if level != 0 or not parts:  # not a sequence: literal braces around a pattern
+        return _count_names(expr, depth)
+    return sum(_count_names(p, depth) for p in [*parts, expr[start:]])
 
 
 @contextmanager
@@ -106,7 +181,7 @@ def open_shard(name: str) -> Iterator[IO[bytes]]:
     DataError naming it, once its output has been read."""
     if not name.startswith(PIPE):
         try:
-            with open(name, "rb") as f:
+            with open_regular(name) as f:
                 yield f
         except FileNotFoundError:
             raise DataError(f"shard {name} does not exist", "check data.path and the shard names") from None
@@ -291,7 +366,7 @@ def read_index(folder: str | Path) -> ShardIndex:
     if path.stat().st_size > MAX_INDEX_BYTES:
         raise _bad(path, f"over {MAX_INDEX_BYTES:,} bytes")
     try:
-        raw = json.loads(path.read_bytes())
+        raw = json.loads(read_regular(path))
     except (ValueError, RecursionError) as e:  # JSON is a tree (no shared references) and the size is capped
         raise _bad(path, f"not JSON ({type(e).__name__})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("splits"), dict) or not raw["splits"]:
@@ -305,8 +380,8 @@ def read_index(folder: str | Path) -> ShardIndex:
 
 
 def index_split(index: ShardIndex, split: str) -> tuple[str, ShardSplit]:
-    """(name, split) for "train", or the evaluation split: val, else test (as an image folder has them)."""
-    names = ("train",) if split == "train" else ("val", "test")
+    """(name, split) for "train"; for "val" or "test" that split, else the other one (the evaluation split)."""
+    names = ("train",) if split == "train" else tuple(dict.fromkeys((split, "val", "test")))
     for name in names:
         if name in index.splits:
             return name, index.splits[name]

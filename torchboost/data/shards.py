@@ -50,6 +50,7 @@ from torchboost.data.shardfiles import (PIPE, RE_EXPORT, OpenFile, Sample, expan
                                         read_index, read_samples)
 from torchboost.data.shardoffsets import offsets_path, read_offsets, read_sample_at
 from torchboost.errors import DataError
+from torchboost.fileio import regular_fd
 
 T = TypeVar("T")
 MAX_OPEN = 16  # open shard files per process when reading by offset (the shuffle buffer spans a few shards)
@@ -162,7 +163,7 @@ class ShardDataset(IterableDataset):
         file = self._files.pop(i, None)
         if file is None:
             try:
-                file = OpenFile(os.open(self.shards[i], os.O_RDONLY))
+                file = OpenFile(regular_fd(self.shards[i]))
             except OSError as e:
                 raise DataError(f"shard {self.shards[i]} cannot be read ({e.strerror})",
                                 "check data.path and the shard names") from None
@@ -237,7 +238,7 @@ def shard_loader(dataset: ShardDataset, batch_size: int, train: bool, *, workers
 
 def open_shards(folder: str | Path, split: str, transform: Callable[..., Any] | None = None,
                 pattern: str | None = None, buffer: int = 1000) -> ShardDataset:
-    """The `split` ("train", or "test"/"val" for the evaluation split) of the shards indexed in `folder`.
+    """The `split` of the shards indexed in `folder`: "train", or "val"/"test" (that one, else the other).
     `pattern` (a brace pattern or `pipe:` command) replaces the index's file names, matched by position;
     the sample counts and classes always come from the index."""
     index = read_index(folder)

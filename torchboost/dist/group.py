@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchboost.errors import DistributedError
+from torchboost.fileio import check_inside, make_dirs
 
 log = logging.getLogger("torchboost.dist")
 
@@ -249,9 +250,8 @@ def open_worklog(log_dir: str | Path, rank: int) -> logging.FileHandler:
     Each rank writes its own file so a crash on one rank leaves its trace there (remove the handler
     from logging.getLogger("torchboost") and close it when done).
     """
-    path = Path(log_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path / f"worklog.{rank}", encoding="utf-8")
+    path = make_dirs(log_dir)
+    handler = logging.FileHandler(check_inside(path / f"worklog.{rank}"), encoding="utf-8")
     node = f"{socket.gethostname()} node{os.environ.get('GROUP_RANK', '0')}"  # torchrun's node index
     handler.setFormatter(logging.Formatter(f"%(asctime)s {node} rank{rank} %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("torchboost")

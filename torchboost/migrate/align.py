@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DataError
+from ..fileio import read_regular
 from ..seed import seed_everything
 from .align_report import AlignReport, compare_recordings
 from .dump import read_arrays, read_dump, write_dump
@@ -64,8 +65,8 @@ class NameMap:
     def from_json(cls, path: str | Path) -> "NameMap":
         """`{"tensors": {...}, "modules": {...}}`, or a flat `{our name: reference name}` (names are strings)."""
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
+            data = json.loads(read_regular(path, ConfigError).decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as e:
             raise ConfigError(f"name map {path} is not readable JSON ({e})", "pass a JSON file {our name: "
                               "reference name}") from None
         nested = isinstance(data, dict) and ("tensors" in data or "modules" in data)

@@ -32,7 +32,7 @@ import torch
 
 from ..errors import DataError
 from .record import Recording
-from torchboost.fileio import atomic_path, atomic_write, output_error
+from torchboost.fileio import atomic_path, atomic_write, check_regular, output_error
 
 FORMAT, VERSION = "torchboost-align-dump", 1
 
@@ -78,7 +78,7 @@ def write_dump(rec: Recording, out: str | Path, batch: tuple[torch.Tensor, torch
 
 def _load(path: Path) -> dict[str, np.ndarray]:
     try:  # allow_pickle=False: a dump is untrusted input and must never run code
-        obj = np.load(path, allow_pickle=False)
+        obj = np.load(check_regular(path), allow_pickle=False)
         if not hasattr(obj, "files"):  # a .npy file: one array
             return {"": obj}
         with obj:

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from torchboost.errors import CheckpointError
-from torchboost.fileio import atomic_path
+from torchboost.fileio import atomic_path, read_regular
 from torchboost.migrate.entries import check_entry
 from torchboost.migrate.protowire import (Malformed, expect_len, iter_fields, len_prefix, read_varint,
                                           varint_bytes)
@@ -185,7 +185,7 @@ def parse_mindspore_ckpt(data: bytes | bytearray | memoryview, name: str = "<byt
 def read_mindspore_ckpt(path: str | os.PathLike) -> CkptContents:
     """Read a .ckpt file: tensors, string values and the names of skipped map tensors."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path, CheckpointError)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}", "check the path") from None
     return parse_mindspore_ckpt(data, str(path))

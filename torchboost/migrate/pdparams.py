@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from torchboost.errors import CheckpointError
-from torchboost.fileio import atomic_path
+from torchboost.fileio import atomic_path, read_regular
 from torchboost.migrate.entries import check_entry
 from torchboost.migrate.safe_pickle import TORCH_TO_NUMPY, safe_unpickle
 
@@ -60,7 +60,7 @@ def parse_pdparams(data: bytes | bytearray | memoryview, name: str = "<bytes>") 
 def load_pdparams(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a PaddlePaddle .pdparams file (Paddle 1.x-3.x) into {structured name: tensor}."""
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path, CheckpointError)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}", "check the path") from None
     return parse_pdparams(data, str(path))

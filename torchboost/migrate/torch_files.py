@@ -10,8 +10,8 @@ from safetensors.torch import _TYPES as _SAFETENSORS_TYPES
 from safetensors.torch import load_file, save_file
 
 from torchboost.errors import CheckpointError
-from torchboost.fileio import atomic_path
-from torchboost.train.checkpoint import is_torch_file
+from torchboost.fileio import atomic_path, open_regular
+from torchboost.train.checkpoint import is_torch_file, torch_load
 
 __all__ = ["TORCH_DTYPES", "SAFETENSORS_DTYPES", "is_torch_file", "load_torch_state", "save_torch",
            "save_safetensors"]
@@ -23,7 +23,7 @@ _SAFETENSORS_MAGIC_MAX = 100_000_000  # a safetensors header (8-byte little-endi
 
 def _is_safetensors(path: str | os.PathLike) -> bool:
     """By content: an 8-byte header length followed by a JSON object."""
-    with open(path, "rb") as f:
+    with open_regular(path, CheckpointError) as f:
         head = f.read(9)
     return len(head) == 9 and int.from_bytes(head[:8], "little") < _SAFETENSORS_MAGIC_MAX and head[8:] == b"{"
 
@@ -34,10 +34,11 @@ def load_torch_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     Accepts a bare state dict or a training checkpoint holding one under "model"/"state_dict", and strips
     DDP's "module." prefix."""
     try:
-        obj = load_file(str(path)) if _is_safetensors(path) else torch.load(path, map_location="cpu",
-                                                                               weights_only=True)
+        obj = load_file(str(path)) if _is_safetensors(path) else torch_load(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path} not found", "check the path") from None
+    except CheckpointError:
+        raise
     except Exception as e:  # unpickling/safetensors errors have many types; all mean "unreadable"
         raise CheckpointError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                               "check that it is a torch state dict / safetensors file") from None

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from torchboost.errors import ConfigError, suggest
+from torchboost.fileio import read_regular
 from torchboost.models import list_models
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, ThorRecipeOptions, list_optimizers
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
@@ -267,7 +268,7 @@ def read_yaml(path: Path) -> dict:
     try:
         if path.stat().st_size > MAX_BYTES:  # before reading it whole
             raise ConfigError(f"{path} is {path.stat().st_size >> 10} kB", "a recipe is a few kB of YAML")
-        data = load_yaml(path.read_text(encoding="utf-8"), str(path))
+        data = load_yaml(read_regular(path, ConfigError).decode("utf-8"), str(path))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path} is not UTF-8 text (byte {e.start})", "save the file as UTF-8") from None
     except OSError as e:

@@ -9,15 +9,17 @@ when the process dies, so a killed run never leaves a stale lock behind; a run t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import os
+import stat
 import time
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
-from torchboost.errors import ConfigError, OutputError
-from torchboost.fileio import atomic_write
+from torchboost.errors import ConfigError, OutputError, printable
+from torchboost.fileio import atomic_write, check_inside, confine_writes, remove_empty_dir, remove_file
 from torchboost.recipe.manifest import MANIFEST, read_manifest, still_ours
 
 # Files only `torchboost train` writes at the top of a run folder: a folder holding them (or a manifest)
@@ -62,7 +64,7 @@ def claim_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Opti
     except OSError as e:
         raise OutputError(f"cannot create output folder {out}: {e.strerror}", "choose a writable --output") from None
     try:
-        with _take_lock(out / ".lock") as lock:
+        with confine_writes(out), _take_lock(out / ".lock") as lock:
             yield from _hold(out, lock, resume, overwrite, prefix)
     except BaseException:
         # A run that failed before writing anything leaves no folder behind (so the corrected command is
@@ -83,6 +85,8 @@ def _hold(out: Path, lock: IO[str], resume: Optional[str], overwrite: bool, pref
         # Again, under the lock: a run that held it while we checked may have finished meanwhile, leaving
         # its files behind — they are another run's now, not ours to overwrite.
         check_output(out, resume, overwrite, prefix)
+        for name in (*RUN_DIRS, *RUN_FILES, "log", MANIFEST):  # refused now, not at the first checkpoint
+            check_inside(out / name)
         if overwrite and not resume:
             remove_run(out)
         yield
@@ -90,7 +94,7 @@ def _hold(out: Path, lock: IO[str], resume: Optional[str], overwrite: bool, pref
         # Removed while still held, so a finished run leaves no .lock behind; a run that opened the
         # old file meanwhile sees it is gone once it gets the lock (see _take_lock) and locks anew.
         with contextlib.suppress(OSError):
-            (out / ".lock").unlink()
+            remove_file(out / ".lock")
 
 
 @contextlib.contextmanager
@@ -98,10 +102,17 @@ def _take_lock(path: Path) -> Iterator[IO[str]]:
     """`path` opened and flock'ed, and still the file at `path` (not one a finishing run just unlinked)."""
     for _ in range(100):
         try:
-            lock = open(path, "a+")
+            # no link followed, no FIFO waited on: the lock file is ours to create, truncate and write
+            fd = os.open(check_inside(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as e:
-            raise OutputError(f"cannot create {path}: {e.strerror}", "choose a writable --output") from None
-        with lock:
+            what = "a link" if e.errno == errno.ELOOP else e.strerror
+            raise OutputError(f"cannot create {printable(path)}: {what}", "remove it, or choose a writable --output") \
+                from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OutputError(f"{printable(path)} is not a regular file", "remove it, or choose another --output")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "a+") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -141,14 +152,17 @@ def remove_run(out: Path) -> list[str]:
     if changed:  # the new run would write over a file that is not the old run's any more
         raise ConfigError(f"{out / changed[0]} was changed since the run wrote it, so --overwrite will not delete it",
                           "move it away (or choose another --output)")
+    for rel in removed:  # all checked before the first is deleted: a refusal leaves the old run whole
+        check_inside(out / rel)
     for rel in removed:
-        (out / rel).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        with contextlib.suppress(OSError):  # only when empty: a user's file keeps its folder
-            for sub in sorted((p for p in (out / name).rglob("*") if p.is_dir()), reverse=True):
-                sub.rmdir()
-            (out / name).rmdir()
-    (out / MANIFEST).unlink(missing_ok=True)
+        remove_file(out / rel)
+    for name in RUN_DIRS:  # only when empty: a user's file keeps its folder
+        if (out / name).is_symlink():
+            continue
+        for sub in sorted((p for p in (out / name).rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+            remove_empty_dir(sub)
+        remove_empty_dir(out / name)
+    remove_file(out / MANIFEST)
     return removed
 
 

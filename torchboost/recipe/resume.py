@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from torchboost.errors import CheckpointError, ConfigError
-from torchboost.recipe.config import Config, build_config, parse_override
+from torchboost.recipe.config import Config, parse_override
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.load import load_config
 from torchboost.recipe.outputs import previous_run
+from torchboost.recipe.saved import config_from_file
 from torchboost.recipe.validate import validate
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -100,7 +101,7 @@ def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], outp
             raise ConfigError(f"{out} holds a different run ({', '.join(other[:3])} differ from {path.name})",
                               f"choose another --output, or resume that run with --resume {out}")
         settings = [f"{k}={json.dumps(v)}" for k, v in differ.items()]  # e.g. more epochs: applied and printed
-        return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log))
+        return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log, trusted=asked))
     path = Path(spec)
     if path.is_dir() and path.name == "ckpt" and not (path / "ckpt").is_dir():
         path = path.parent  # RUN/ckpt given for RUN
@@ -143,10 +144,12 @@ def _fresh(spec: str, asked: Config, out: Path) -> ResumePlan:
     raise ConfigError(f"{out} holds a different run and no checkpoint of this one", "choose another --output")
 
 
-def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log: Callable[[str], None]) -> Config:
-    """The run's own config with `--set` applied; the changes are printed, breaking ones refused."""
+def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log: Callable[[str], None],
+            trusted: Optional[Config] = None) -> Config:
+    """The run's own config with `--set` applied; the changes are printed, breaking ones refused. A command
+    it names must be the user's own (`recipe.saved`): on the command line, or in `trusted` (their recipe)."""
     before = flatten(saved)
-    cfg = build_config(saved, overrides)
+    cfg = config_from_file(saved, overrides, str(path), trusted)
     after = flatten(cfg.to_dict())
     asked = {k for item in overrides for k in flatten(parse_override(item))}
     changed = [k for k in asked if before.get(k) != after.get(k)]

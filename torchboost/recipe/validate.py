@@ -168,6 +168,12 @@ def _check_output(cfg: Config) -> None:
                           "the only placeholder is {name} (the recipe's name)")
     if not cfg.output.strip():
         raise ConfigError("output is empty", "give a folder, e.g. runs/{name}")
+    # the name becomes one folder under runs/ (and race-NAME): never a path that climbs out of it
+    name = cfg.name
+    if not name.strip() or name in (".", "..") or any(c in name for c in "/\\") or not name.isprintable() \
+            or len(f"race-{name}".encode()) > NAME_MAX:
+        raise ConfigError(f"name={name[:80]!r} is not a folder name", "use letters, digits, '-', '_' and '.' "
+                          f"(no '/' or '..', at most {NAME_MAX - 5} bytes); choose the folder itself with -o")
 
 
 def _check_train(cfg: Config) -> None:

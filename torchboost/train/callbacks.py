@@ -15,7 +15,7 @@ import torch
 
 from torchboost.dist import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
-from torchboost.fileio import remove_stale_temps
+from torchboost.fileio import remove_file, remove_stale_temps
 from torchboost.train.checkpoint import atomic_save, checkpoint_name, classifier_head, is_checkpoint_name
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
 from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
@@ -124,7 +124,7 @@ class ModelCheckpoint(Callback):
             self.written = before
             raise
         for p in doomed:
-            p.unlink(missing_ok=True)
+            remove_file(p)
 
     def on_train_step_end(self, state: TrainState) -> None:
         every = self.config.save_checkpoint_steps

@@ -8,8 +8,10 @@ is recognised by content).
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..fileio import atomic_path
+from ..fileio import atomic_path, open_regular
 
 CHECKPOINT_SUFFIX = ".pt"  # training checkpoints are torch files (the weight-format registry's torch entry)
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)" + re.escape(CHECKPOINT_SUFFIX) + "$")
@@ -42,8 +44,39 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
 
 def is_torch_file(path: str | Path) -> bool:
     """True when the file's first bytes are torch.save's (zip or legacy pickle), whatever its extension."""
-    with open(path, "rb") as f:
+    with open_regular(path, CheckpointError) as f:
         return f.read(4).startswith(_TORCH_MAGIC)
+
+
+def check_torch_zip(path: str | Path) -> None:
+    """Refuse (CheckpointError) a torch file whose records could inflate past its own size, before torch reads
+    it: torch.save stores every record uncompressed, but torch.load also inflates deflated zip entries, so a
+    4 MB file could claim 4 GiB of tensors. The legacy (pre-1.6) format reads sizes from the file as it goes
+    and cannot be bounded up front: it is refused too."""
+    fix = "re-save it with torch.save (torch >= 1.6, uncompressed), or use another copy"
+    with open_regular(path, CheckpointError) as f:
+        size = os.fstat(f.fileno()).st_size
+        if not f.read(4).startswith(_TORCH_MAGIC[0]):
+            raise CheckpointError(f"{path} is a legacy (torch < 1.6) or unknown torch file, whose sizes cannot be "
+                                  "checked before reading", fix)
+        f.seek(0)
+        try:
+            entries = zipfile.ZipFile(f).infolist()
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+            raise CheckpointError(f"{path} is not a readable torch file ({type(e).__name__})", fix) from None
+    declared = sum(e.file_size for e in entries)
+    packed = [e for e in entries if e.compress_type != zipfile.ZIP_STORED or e.file_size != e.compress_size]
+    if packed or declared > size:
+        what = f"its record {packed[0].filename[:60]!r} is compressed" if packed else \
+            f"its records claim {declared:,} bytes in a {size:,}-byte file"
+        raise CheckpointError(f"{path} is not a plain torch file: {what}", fix)
+
+
+def torch_load(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
+    """`torch.load(weights_only=True)` of a file that is checked first: a regular file (not a FIFO) whose
+    records cannot inflate (`check_torch_zip`). Errors other than CheckpointError are torch's own."""
+    check_torch_zip(path)
+    return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -56,7 +89,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                               f"convert a MindSpore checkpoint first (torchboost convert {path} {path.stem}.pt "
                               "--arch ARCH); otherwise use an earlier checkpoint")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch_load(path, map_location)
+    except CheckpointError:
+        raise
     except Exception as e:  # torch raises several types for corrupt/unsafe files
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"cannot read checkpoint {path} ({first[:160]})",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from torchboost.dist import is_main as is_main_process
-from torchboost.fileio import atomic_path, atomic_write, output_error, remove_stale_temps
+from torchboost.fileio import atomic_path, atomic_write, output_error, read_regular, remove_stale_temps
 from torchboost.train.state import Callback, TrainState
 
 PLOTTED = (("train_loss", 0, "train"), ("val_loss", 0, "validation"),
@@ -28,7 +28,7 @@ def read_history(path: Path) -> tuple[list[dict], int | None]:
     """The rows of a history.jsonl and the 1-based line number of the first damaged line (None: intact).
     A row is damaged when it is not a JSON object with an integer "epoch"; nothing after it is trusted."""
     rows = []
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    for n, line in enumerate(read_regular(path).decode(errors="replace").splitlines(), 1):
         try:
             row = json.loads(line)
         except ValueError:

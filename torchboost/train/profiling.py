@@ -17,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from torchboost.dist import is_main as is_main_process
+from torchboost.fileio import check_inside, make_dirs
 from torchboost.train.state import Callback, TrainState
 
 
@@ -45,14 +46,14 @@ class ProfilerCallback(Callback):
     def _on_ready(self, prof: profile) -> None:
         if not self._recorded():  # stopped during wait/warmup: torch would save a trace of warm-up noise
             return
-        tensorboard_trace_handler(str(self.directory))(prof)
+        tensorboard_trace_handler(str(check_inside(self.directory / "trace")))(prof)
         # GPU time is what matters on a GPU; on CPU the operators' own (self) CPU time.
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         self.table = prof.key_averages().table(sort_by=sort, row_limit=self.row_limit)
 
     def on_train_begin(self, state: TrainState) -> None:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.directory)
         self.prof = profile(activities=activities, on_trace_ready=self._on_ready,
                             schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
                             **self.options)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from torchboost.dist import is_main as is_main_process
-from torchboost.fileio import output_error
+from torchboost.fileio import check_inside, make_dirs, output_error
 from torchboost.train.state import Callback, TrainState
 
 _SERIAL = itertools.count()  # two event files opened in the same second by one process get two names
@@ -36,10 +36,7 @@ class EventFile:
         # the name TensorBoard looks for: events.out.tfevents.<time>.<host>.<pid>.<serial>
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_SERIAL)}"
         self.path = self.log_dir / name
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-        except OSError as e:
-            raise output_error(self.log_dir, e) from e
+        make_dirs(self.log_dir)
         self._append([self._event(wall_time=time.time(), file_version="brain.Event:2")], mode="wb")
 
     def write(self, scalars: dict[str, float], step: int) -> None:
@@ -50,7 +47,7 @@ class EventFile:
 
     def _append(self, events: list, mode: str = "ab") -> None:
         try:
-            with io.open(self.path, mode) as f:
+            with io.open(check_inside(self.path), mode) as f:
                 writer = self._records(f)
                 for event in events:
                     writer.write(event.SerializeToString())

@@ -1,0 +1,42 @@
+"""Configs read back from files (a checkpoint's saved config, a run's config.yaml): data, never instructions.
+
+A saved config rebuilds the run for `eval`, `predict` and `--resume`, but it came from a file that anyone may
+have written (a downloaded checkpoint). The one kind of value that would make it run something is a shard
+source that says `pipe:` (a shell command, `data.shardfiles.open_shard`): such a value is honoured only when
+the user gave it themselves, on the command line (`--set`) or in the recipe they named (`--resume auto`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from torchboost.data.shardfiles import PIPE
+from torchboost.errors import ConfigError
+from torchboost.recipe.config import Config, build_config, parse_override
+from torchboost.recipe.diff import flatten
+
+# Keys whose value may run a shell command: the shard sources (data.shardfiles.PIPE).
+COMMAND_KEYS = ("data.train_shards", "data.eval_shards")
+
+
+def names_command(value: object) -> bool:
+    """Whether a value could run a command: `pipe:` anywhere in it (a brace pattern such as
+    `{pipe:cmd,a.tar}` expands to a command too)."""
+    return isinstance(value, str) and PIPE in value
+
+
+def config_from_file(saved: dict, overrides: Sequence[str], source: str, trusted: Optional[Config] = None) -> Config:
+    """`build_config(saved, overrides)`, refusing in one line a command the file names that the user did not
+    give: a `--set` of that key, or the same value in `trusted` (the recipe the user named)."""
+    cfg = build_config(saved, overrides)
+    given = {k for item in overrides for k in flatten(parse_override(item))}
+    values = flatten(cfg.to_dict())
+    mine = flatten(trusted.to_dict()) if trusted is not None else {}
+    for key in COMMAND_KEYS:
+        value = values.get(key)
+        if names_command(value) and key not in given and mine.get(key) != value:
+            raise ConfigError(f"the config saved in {source} sets {key}={str(value)[:120]!r}, a shell command; a "
+                              "config inside a file never runs one",
+                              f"if you trust that command, give it yourself: --set {key}='...'; or set "
+                              f"--set {key}=null to read the index's shard files")
+    return cfg
