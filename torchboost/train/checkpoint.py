@@ -8,6 +8,7 @@ is recognised by content).
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, printable
 from ..fileio import atomic_path, open_regular
 
 CHECKPOINT_SUFFIX = ".pt"  # training checkpoints are torch files (the weight-format registry's torch entry)
@@ -111,6 +112,8 @@ def check_resumable(ckpt: dict, source: str) -> None:
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise CheckpointError(f"{source} cannot be resumed: it has no {', '.join(map(repr, missing))}", fix)
+    check_position(ckpt, source, fix)
+    check_rng_state(ckpt["rng"], source, fix)
     opt = ckpt.get("optimizer") or {}
     try:
         ids = [i for g in opt.get("param_groups", []) for i in g.get("params", [])]
@@ -120,6 +123,83 @@ def check_resumable(ckpt: dict, source: str) -> None:
     if not consistent:
         raise CheckpointError(f"{source} cannot be resumed: its optimizer state names parameters its parameter "
                               "groups do not hold", fix)
+
+
+MAX_COUNT = 2**40  # updates, epochs or samples: far past any real run, far inside int64 and float64
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and 0 <= value < MAX_COUNT
+
+
+def check_position(ckpt: dict, source: str, fix: str) -> None:
+    """The saved position is what a run could have written: counters are integers from 0 to MAX_COUNT (a
+    2^70 step would overflow the schedules' tensors, a negative epoch index the history), the position in
+    the epoch is consistent, the epoch's running values are finite numbers."""
+    counters = {k: ckpt.get(k) for k in ("epoch", "step_in_epoch", "global_step", "samples_in_epoch") if k in ckpt}
+    bad = next((k for k, v in counters.items() if not _count(v)), None)
+    if bad is not None:
+        raise CheckpointError(f"{source} cannot be resumed: its {bad} is {str(counters[bad])[:40]}, not a count "
+                              f"from 0 to 2^40", fix)
+    if type(ckpt["epoch_complete"]) is not bool:
+        raise CheckpointError(f"{source} cannot be resumed: its epoch_complete is not true or false", fix)
+    if ckpt["step_in_epoch"] > ckpt["global_step"]:
+        raise CheckpointError(f"{source} cannot be resumed: it is {ckpt['step_in_epoch']} updates into its epoch "
+                              f"but {ckpt['global_step']} into the run", fix)
+    elapsed = ckpt.get("epoch_elapsed_s", 0.0)
+    sums = ckpt.get("epoch_sums", {"samples": 0, "loss_sum": 0.0, "correct": 0})
+    numbers = [elapsed] + ([sums.get(k) for k in ("loss_sum", "correct")] if isinstance(sums, dict) else [None])
+    if not isinstance(sums, dict) or not _count(sums.get("samples")) or not all(_finite_number(v) for v in numbers) \
+            or elapsed < 0:
+        raise CheckpointError(f"{source} cannot be resumed: its epoch sums or elapsed time are not finite counts", fix)
+
+
+def _finite_number(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex() and bool(torch.isfinite(value.float()).all())
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def check_rng_state(state: object, source: str, fix: str) -> None:
+    """The saved RNG states are ones Python, numpy and torch accept: tried on the live generators, which are
+    put back as they were whatever happens (garbage would otherwise be a traceback, or a state that
+    wrapped around silently)."""
+    before = rng_state()
+    try:
+        if not isinstance(state, dict) or not all(k in state for k in ("python", "numpy", "torch")):
+            raise TypeError("not a mapping of python, numpy and torch states")
+        n = state["numpy"]
+        key = n["key"]
+        if not (isinstance(key, torch.Tensor) and key.dtype == torch.int64 and tuple(key.shape) == (624,)
+                and bool(((key >= 0) & (key < 2**32)).all())):
+            raise ValueError("numpy key is not 624 32-bit words")
+        if not (_count(n["pos"]) and n["pos"] <= 624 and n["has_gauss"] in (0, 1) and _finite_number(n["cached_gaussian"])):
+            raise ValueError("numpy position out of range")
+        t = state["torch"]
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.shape == before["torch"].shape):
+            raise ValueError("torch state is not the generator's bytes")
+        set_rng_state(state)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RuntimeError) as e:
+        raise CheckpointError(f"{source} cannot be resumed: its RNG state is damaged ({printable(e)[:100]})", fix) \
+            from None
+    finally:
+        set_rng_state(before)
+
+
+def saved_classes(ckpt: dict, num_classes: int | None, source: str) -> list[str] | None:
+    """The class names a checkpoint records (None when it records none): distinct strings, one per output
+    of the network (`num_classes`, when known), each short enough to be a folder name. Anything else is
+    refused, not indexed into."""
+    names = ckpt.get("classes")
+    if names is None:
+        return None
+    num_classes = len(names) if num_classes is None and isinstance(names, list) else num_classes
+    if not (isinstance(names, list) and len(names) == num_classes and all(isinstance(n, str) for n in names)
+            and len(set(names)) == len(names) and all(0 < len(n.encode(errors="replace")) <= 255 for n in names)):
+        count = len(names) if isinstance(names, list) else type(names).__name__
+        raise CheckpointError(f"{source} records class names that are not {num_classes} distinct names "
+                              f"({count})", "use an unmodified checkpoint written by torchboost train")
+    return names
 
 
 def is_checkpoint_name(name: object, prefix: str) -> bool:

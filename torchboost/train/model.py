@@ -99,7 +99,7 @@ class Model:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
             "train_step": self.train_step.state_dict() if self.train_step is not None else {},
             "epoch": state.epoch, "step_in_epoch": state.step_in_epoch, "global_step": state.global_step,
-            "epoch_complete": epoch_complete, "rng": rng_state(),
+            "samples_in_epoch": state.samples_in_epoch, "epoch_complete": epoch_complete, "rng": rng_state(),
             "epoch_sums": state.epoch_sums(), "epoch_elapsed_s": time.perf_counter() - state.epoch_start,
             "callbacks": {k: sd for k, cb in keyed_callbacks(state.callbacks) if (sd := cb.state_dict())},
         }
@@ -153,17 +153,19 @@ class Model:
         state = TrainState(model=self, epochs=epochs, steps_per_epoch=steps_per_epoch, log_fn=log_fn,
                            callbacks=callbacks)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
-        start_epoch, skip_batches = self._resume_position(state)
+        start_epoch, skip = self._resume_position(state, len(train_data) * max(state.batch_size, 1))
         for cb in callbacks:
             cb.on_train_begin(state)
 
         for epoch in range(start_epoch, epochs):
             state.epoch = epoch
-            if not skip_batches:  # a run resumed mid-epoch keeps the sums and time restored from the checkpoint
+            if not skip:  # a run resumed mid-epoch keeps the sums and time restored from the checkpoint
                 state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = 0.0, 0, 0
                 state.epoch_start = time.perf_counter()
-            # reshuffle per epoch; skip what a resumed run already consumed
-            set_epoch(train_data, epoch, skip=skip_batches * (state.batch_size or 1))
+            # reshuffle per epoch; skip the samples a resumed run already consumed (counted in samples, not
+            # updates: a resume with --force and another batch size or accumulation skips the same images)
+            state.samples_in_epoch = skip
+            set_epoch(train_data, epoch, skip=skip)
             for cb in callbacks:
                 cb.on_train_epoch_begin(state)
             self.network.train()
@@ -183,6 +185,7 @@ class Model:
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
                 state.step_in_epoch += 1
                 state.global_step += 1
+                state.samples_in_epoch += out.samples
                 if not out.nonfinite:  # a skipped non-finite update would turn the epoch's loss into NaN
                     state.epoch_loss_sum = state.epoch_loss_sum + out.loss * out.samples
                     state.epoch_samples += out.samples
@@ -205,14 +208,16 @@ class Model:
                 cb.on_train_epoch_end(state)
             if state.stop_training:
                 break  # the returned state says where training stopped
-            state.step_in_epoch, skip_batches = 0, 0
+            state.step_in_epoch, skip = 0, 0
         for cb in callbacks:
             cb.on_train_end(state)
         return state
 
-    def _resume_position(self, state: TrainState) -> tuple[int, int]:
-        """(first epoch to run, batches of it already done) from a loaded checkpoint, else (0, 0); restores
-        the RNG, the callbacks' progress and, mid-epoch, the epoch's running sums and time."""
+    def _resume_position(self, state: TrainState, epoch_samples: int) -> tuple[int, int]:
+        """(first epoch to run, samples of it already done) from a loaded checkpoint, else (0, 0); restores
+        the RNG, the callbacks' progress and, mid-epoch, the epoch's running sums and time. `epoch_samples`:
+        the samples an epoch holds on this process (a position past it is refused, not silently an empty
+        epoch)."""
         ckpt, self._resume = self._resume, None
         if ckpt is None:
             return 0, 0
@@ -227,13 +232,19 @@ class Model:
             state.eval_results = dict(ckpt.get("epoch_results", {}))
             return state.epoch, 0
         state.epoch, state.step_in_epoch = int(ckpt["epoch"]), int(ckpt["step_in_epoch"])
+        # checkpoints before samples were counted: the updates times their size (then unchanged by --force)
+        skip = int(ckpt.get("samples_in_epoch", state.step_in_epoch * self.accumulation_steps * state.batch_size))
+        if skip > epoch_samples:
+            raise CheckpointError(f"the checkpoint is {skip:,} samples into epoch {state.epoch + 1}, which holds "
+                                  f"{epoch_samples:,} here", "resume on the data it was trained on, or start from "
+                                  "its weights with train.init_weights")
         if "epoch_sums" in ckpt:  # absent in checkpoints written before they were saved
             sums = ckpt["epoch_sums"]
             loss_sum, correct = (v.to(self.device) if isinstance(v, torch.Tensor) else v
                                  for v in (sums["loss_sum"], sums["correct"]))
             state.epoch_loss_sum, state.epoch_samples, state.epoch_correct = loss_sum, int(sums["samples"]), correct
         state.epoch_start = time.perf_counter() - float(ckpt.get("epoch_elapsed_s", 0.0))
-        return state.epoch, state.step_in_epoch * self.accumulation_steps
+        return state.epoch, skip
 
     # --- evaluation and prediction --------------------------------------------------------------------
     @torch.no_grad()

@@ -23,6 +23,7 @@ class TrainState:
     steps_per_epoch: int
     epoch: int = 0  # 0-based index of the current epoch
     step_in_epoch: int = 0  # updates done in the current epoch
+    samples_in_epoch: int = 0  # samples this process consumed in the current epoch (what a resume skips)
     global_step: int = 0  # updates done since the start of training
     batch_size: int = 0  # samples per update on this process
     output: Optional[StepOutput] = None
