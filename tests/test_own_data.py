@@ -115,7 +115,7 @@ def test_predict_formats_and_a_newline_in_a_file_name(tmp_path, capsys):
     capsys.readouterr()
     assert main(["predict", "--checkpoint", str(ckpt), str(odd), "--topk", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and "'" in lines[0] and "\\n" in lines[0]  # one line, the name quoted
+    assert len(lines) == 1 and "a\\nb.png: " in lines[0]  # one line: the newline is written as its escape
     assert main(["predict", "--checkpoint", str(ckpt), str(odd), "--topk", "2", "--format", "json"]) == 0
     rows = __import__("json").loads(capsys.readouterr().out)
     assert rows[0]["file"] == str(odd) and len(rows[0]["top"]) == 2
@@ -128,7 +128,7 @@ def test_eval_says_what_it_read_and_refuses_a_path_as_split(tmp_path, capsys):
     (ckpt,) = (tmp_path / "o" / "ckpt").glob("mnist_cnn-best.pt")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "val"]) == 0
-    assert f"evaluated {data} (folder), split val: 18 images" in capsys.readouterr().out
+    assert f"evaluated {data / 'val'} (folder): 18 images" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "../../x"]) == 2
 
 

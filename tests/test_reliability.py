@@ -161,11 +161,12 @@ def test_resume_mid_epoch_records_the_uninterrupted_history(tmp_path, capsys, mo
 
     monkeypatch.setattr(LossMonitor, "on_train_step_end", interrupt)
     code, _, err = train(capsys, broken, *every, epochs=2)
-    assert code == 130 and "interrupted: the last checkpoint is intact" in err
     monkeypatch.setattr(LossMonitor, "on_train_step_end", real)
     assert [r["epoch"] for r in history_rows(broken)] == [1]
     newest = broken / "ckpt" / "mnist_cnn-2_26.pt"
     assert newest.is_file()
+    assert code == 130 and f"interrupted: checkpoint {newest} is complete; continue with: torchboost train " \
+                           f"--resume {broken}" in err  # the checkpoint it names is the one to continue from
 
     code, out, _ = train(capsys, broken, *every, "--resume", newest, epochs=2)
     assert code == 0, out

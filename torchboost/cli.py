@@ -11,10 +11,12 @@ import csv
 import json
 import os
 import sys
+import time
 import traceback
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .errors import TorchboostError
+from .errors import TorchboostError, printable
 from .fileio import atomic_write
 
 DEFAULT_RECIPE = "mnist-lenet"
@@ -29,32 +31,51 @@ def train_overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
-    """(config, output folder, overwrite, checkpoint to resume or None) for `train`'s arguments."""
+def main_process() -> bool:
+    """Rank 0, or no torchrun at all (read from its environment: the process group does not exist yet)."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
+
+
+def data_overrides(recipe: Optional[str], data: Optional[str], overrides: Sequence[str]
+                   ) -> tuple[list[str], Optional[str]]:
+    """`overrides` plus what `--data FOLDER` means (data.path; when the recipe's data set is built in and reads
+    no path, also data.dataset=folder: "this image folder instead"), and the note saying so, or None."""
     from .recipe.config import build_config, read_yaml, resolve_recipe
     from .recipe.kinds import FOLDER, get_kind
+
+    overrides, note = list(overrides), None
+    if not data:
+        return overrides, None
+    dataset = build_config(read_yaml(resolve_recipe(recipe)), overrides).data.dataset
+    if not get_kind(dataset).needs_path:
+        note = (f"note: --data {data}: training on that image folder (data.dataset={FOLDER}) instead of the "
+                f"recipe's built-in {dataset}")
+        overrides.append(f"data.dataset={FOLDER}")
+    overrides.append(f"data.path={data}")
+    return overrides, note
+
+
+def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
+    """(config, output folder, overwrite, checkpoint to resume or None) for `train`'s arguments."""
     from .errors import ConfigError
     from .recipe.load import load_config
     from .recipe.resume import AUTO, plan_resume, restarted_by_torchrun
 
-    overrides = train_overrides(args)
-    if args.data:
-        dataset = build_config(read_yaml(resolve_recipe(args.config)), overrides).data.dataset
-        if not get_kind(dataset).needs_path:
-            # A built-in data set reads no path: --data means "train on my image folder instead".
-            log(f"note: --data {args.data}: training on that image folder (data.dataset={FOLDER}) instead of the "
-                f"recipe's built-in {dataset}")
-            overrides.append(f"data.dataset={FOLDER}")
-        overrides.append(f"data.path={args.data}")
+    say = log if main_process() else (lambda _: None)  # every process plans; one says what it planned
+    overrides, note = data_overrides(args.config, args.data, train_overrides(args))
     if args.output is not None and not args.output.strip():
         raise ConfigError("-o/--output is empty", "give a folder, or leave -o out for runs/<recipe name>")
     restarted = args.resume is None and restarted_by_torchrun()
     resume = AUTO if restarted else args.resume
     overwrite = args.overwrite and not restarted  # the first attempt replaced the old run; restarts continue it
     if not resume:
+        if note:
+            say(note)
         return load_config(args.config, overrides), args.output, overwrite, None
     # the run's own folder and recorded config (+ --set), see recipe.resume
-    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, log)
+    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, say)
+    if note and plan.checkpoint is None:  # `auto` found nothing to continue: a new run, told what it reads
+        say(note)
     return plan.config, str(plan.output), plan.overwrite, str(plan.checkpoint) if plan.checkpoint else None
 
 
@@ -66,12 +87,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
-    folder = output_dir(cfg, output)
+    folder, started = output_dir(cfg, output), time.time()
     try:
         result = train_from_config(cfg, resume=resume, output=output, profile=args.profile, overwrite=overwrite)
     except KeyboardInterrupt:
-        print(f"interrupted: the last checkpoint is intact; continue with: torchboost train --resume {folder}",
-              file=sys.stderr)
+        print(_interrupted(folder, resume is not None, overwrite, started), file=sys.stderr)
         return 130
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
@@ -80,10 +100,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupted(folder: Path, resumed: bool, overwrite: bool, started: float) -> str:
+    """What a Ctrl-C of `train` leaves: this run's newest checkpoint (one it resumed from, or wrote since
+    `started`) and the command that continues it, or that there is none and which command starts over."""
+    from .recipe.outputs import previous_run
+    from .recipe.resume import newest_checkpoint
+
+    found = newest_checkpoint(folder)
+    if found is not None and (resumed or found[0].stat().st_mtime >= started):
+        return f"interrupted: checkpoint {found[0]} is complete; continue with: torchboost train --resume {folder}"
+    # the run's first files (config.yaml) make a rerun without --overwrite refuse the folder
+    again = "the same command" if overwrite or not previous_run(folder) else "the same command with --overwrite"
+    return f"interrupted before the first checkpoint: none was written; {again} starts over"
+
+
 def _cmd_launch(args: argparse.Namespace) -> int:
     from .dist.agent import run_agent
     from .errors import ConfigError
-    from .recipe.run import check_epochs_left
+    from .recipe.run import check_epochs_left, output_dir
     from .train.checkpoint import load_checkpoint
 
     if args.train[:1] != ["train"]:
@@ -107,11 +141,12 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         train.resume = "auto"
     # what every process will do, checked once here: a run that cannot start is refused before any process
     # starts (torchrun would restart its failing processes --max-restarts times for nothing)
-    cfg, _, _, resume = _train_plan(train, log=lambda _: None)
+    cfg, output, _, resume = _train_plan(train, log=lambda _: None)
     if resume:
         check_epochs_left(load_checkpoint(resume), resume, cfg.train.epochs)
     run_agent(command, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
-              rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, join_timeout_s=cfg.dist.timeout_s)
+              rdzv_id=args.rdzv_id, max_restarts=args.max_restarts, join_timeout_s=cfg.dist.timeout_s,
+              worklogs=output_dir(cfg, output) / "log")  # a failure names the real worklog.<rank>
     return 0
 
 
@@ -120,7 +155,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
                               overrides=args.set or [])
-    print(f"evaluated {res.pop('data')}, split {args.split}: {res['samples']} images")
+    print(f"evaluated {res.pop('data')}: {res['samples']} images")  # names the folder it read
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
     return 0
 
@@ -136,10 +171,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["file", "rank", "class", "probability"])
         writer.writerows([path, rank + 1, c, f"{p:.6f}"] for path, preds in rows for rank, (c, p) in enumerate(preds))
-    else:  # text: a file name is printed as a Python string when it holds a newline or other control characters
-        for path, preds in rows:
-            shown = path if path.isprintable() else repr(path)
-            print(f"{shown}: " + ", ".join(f"{c} {p:.4f}" for c, p in preds))
+    else:  # text: names from files (image paths, the checkpoint's class names) with control characters escaped,
+        for path, preds in rows:  # so a class called "cat\nfile.png: dog 0.99" cannot print a line of its own
+            print(f"{printable(path)}: " + ", ".join(f"{printable(c)} {p:.4f}" for c, p in preds))
     return 0
 
 
@@ -184,14 +218,12 @@ def _cmd_export_folder(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_shards(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .data.export import export_shards
     from .errors import OutputError
 
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise OutputError(f"OUT {args.out} is a file, not a folder", "choose a folder path")
-    index = export_shards(args.source, args.out, args.shard_size)
+    index = export_shards(args.source, args.out, args.shard_size, overwrite=args.overwrite)
     for name, split in index.splits.items():
         print(f"{name}: {sum(split.lengths)} images, {len(split.classes)} classes in {len(split.filenames)} shard(s)")
     print(f"wrote shards and their index to {args.out}; train on them with "
@@ -251,29 +283,34 @@ def _cmd_debug_layers(args: argparse.Namespace) -> int:
 
 
 def _cmd_race(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import torch
 
     from .errors import ConfigError, suggest
     from .recipe import load_resolved
-    from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
+    from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, race_setup, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
     from .train.device import device_name
 
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
-    cfg, train_ds, eval_ds = load_resolved(args.config, args.set or [])
     grids, budgets = parse_lr_grids(args.lr or []), parse_budgets(args.budget or [])
     for flag, named in (("--lr", grids), ("--budget", budgets)):
         unused = [name for name in named if name not in args.optimizers]
         if unused:
             raise ConfigError(f"{flag} names {unused[0]}, which is not among --optimizers "
                               f"{' '.join(args.optimizers)}", suggest(unused[0], args.optimizers))
+    batch = [] if args.batch_size is None else [f"data.batch_size={args.batch_size}"]
+    overrides, note = data_overrides(args.config, args.data, [*(args.set or []), *batch])  # as `train` reads --data
+    if note:
+        print(note)
+    cfg, train_ds, eval_ds = load_resolved(args.config, overrides)
+    cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
+    print("\n".join(lines))  # what is raced, before the first of many runs
     racers = [r for name in args.optimizers
               for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     targets = tuple(args.targets)
-    meta = {"recipe": args.config, "overrides": args.set or [], "targets": targets, "seeds": args.seeds,
-            "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget}
+    meta = {"recipe": args.config, "overrides": overrides, "targets": targets, "seeds": args.seeds,
+            "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
+            "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size}
     out = Path(args.output or f"runs/race-{cfg.name}")
 
     def save(lanes: list) -> tuple[Path, Path]:
@@ -368,8 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
     e.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     e.add_argument("--data", help="image folder to evaluate on (default: the run's own data)")
-    e.add_argument("--split", default="test", choices=["train", "val", "test"],
-                   help="split to evaluate (default test; a folder's val/ or test/)")
+    e.add_argument("--split", choices=["train", "val", "test"],
+                   help="the split to evaluate, read exactly: a folder's train/, val/ or test/ (default: the run's "
+                        "evaluation split, a folder's val/ or else test/)")
     e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
     e.set_defaults(func=_cmd_eval)
 
@@ -402,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     xs.add_argument("source", metavar="FOLDER", help="image folder with train/ and val/ (or test/), one sub-folder per class")
     xs.add_argument("out", help="folder for OUT/{split}-000000.tar ... and the index OUT/_info.json")
     xs.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
+    xs.add_argument("--overwrite", action="store_true",
+                    help="replace an earlier export in OUT, deleting only its own files (its index, the shards it "
+                         "lists, their offsets); without it such a folder is refused. Other files in OUT are "
+                         "always left alone, as train leaves them in its output folder")
     xs.set_defaults(func=_cmd_export_shards)
 
     c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
@@ -460,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy")
     rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
     rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    rc.add_argument("--data", help="data folder/file, as for train (sets data.path; with a built-in data set, races "
+                                   "on the image folder instead)")
+    rc.add_argument("--batch-size", "-b", type=positive_int, help="shortcut for --set data.batch_size=N (aim at 10 or "
+                                                                   "more updates per epoch)")
     racers = [n for n, e in OPTIMIZERS.items() if e.race_default]
     rc.add_argument("--optimizers", nargs="+", default=racers, metavar="NAME", choices=list(OPTIMIZERS),
                     help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")
@@ -522,8 +568,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e} — check the path and its permissions", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: the last checkpoint is intact; continue with --resume", file=sys.stderr)
+    except KeyboardInterrupt:  # `train` says what it left itself (see _interrupted)
+        print("interrupted", file=sys.stderr)
         return 130
 
 

@@ -153,8 +153,11 @@ def regular_fd(path: str | os.PathLike, error: type[TorchboostError] = DataError
 
 
 def open_regular(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> BinaryIO:
-    """The regular file `path` opened for binary reading (see `regular_fd`)."""
-    return os.fdopen(regular_fd(path, error), "rb")
+    """The regular file `path` opened for binary reading (see `regular_fd`), named by its path (messages of
+    readers such as Pillow quote the file object's name)."""
+    f = os.fdopen(regular_fd(path, error), "rb")
+    f.raw.name = os.fspath(path)
+    return f
 
 
 def read_regular(path: str | os.PathLike, error: type[TorchboostError] = DataError) -> bytes:

@@ -6,12 +6,15 @@ set replaces it by the next readable sample in index order (wrapping around): ba
 stay static, which BatchNorm, DDP and compiled steps expect. An evaluation set (drop_corrupt=True) returns
 None instead, and `drop_missing_collate` leaves it out of the batch, so metrics cover exactly the readable
 images. Corrupt files are marked in a table shared with the DataLoader's worker processes: `skipped` (and
-`loader_skipped(loader)`) counts the distinct files met so far, each warned about once.
+`loader_skipped(loader)`) counts the distinct files met so far, each named once in a `note:` line on stderr.
+Warnings Pillow or torch raise while decoding become such a line too (once per message and process), not
+Python warnings pointing at a line of the loader's source.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -138,6 +141,22 @@ def sample_folder(root: str | Path, per_class: int = 4) -> FolderSample:
     return FolderSample(gray, color, side)
 
 
+def note(message: str) -> None:
+    """One `note:` line on stderr: a loader's worker processes have no log of the run to write to."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+_NOTED: set[str] = set()  # decoding warnings this process has noted (each message once, as Python would)
+
+
+def _note_warnings(path: str, caught: list[warnings.WarningMessage]) -> None:
+    for w in caught:
+        text = str(w.message)
+        if text not in _NOTED:
+            _NOTED.add(text)
+            note(f"{path}: {text}")
+
+
 def loader_skipped(loader: Any) -> int:
     """Corrupt images a loader's data set skipped so far, counted in its worker processes too (0 for data
     sets that never skip)."""
@@ -192,11 +211,16 @@ class ImageFolder(Dataset):
         return len(self.samples)
 
     def _load(self, path: str, index: int) -> Any:
-        with open_image(path) as img:
-            if self.transform is None:
-                img.load()
-                return img
-            return self.transform(img, sample_rng(index))
+        with warnings.catch_warnings(record=True) as caught:  # Pillow's/torch's, as one note line each
+            warnings.simplefilter("always")
+            with open_image(path) as img:
+                if self.transform is None:
+                    img.load()
+                    out = img
+                else:
+                    out = self.transform(img, sample_rng(index))
+        _note_warnings(path, caught)  # an image that fails says why in its own note instead
+        return out
 
     def __getitem__(self, index: int) -> tuple[Any, int] | None:
         n = len(self.samples)
@@ -212,7 +236,7 @@ class ImageFolder(Dataset):
                                     ) from None
                 if not self._corrupt[k]:
                     self._corrupt[k] = 1
-                    warnings.warn(f"skipping corrupt image {path} ({type(e).__name__}: {e})", stacklevel=2)
+                    note(f"skipping corrupt image {path} ({type(e).__name__}: {e})")
                 if self.drop_corrupt:
                     return None
         raise DataError(f"no readable image in {self.root}", "every image failed to decode; check the files")

@@ -21,7 +21,6 @@ import functools
 import itertools
 import json
 import os
-import re
 import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from torchboost.data.braces import count_names
 from torchboost.data.folder import IMG_EXTENSIONS, FolderSample
 from torchboost.errors import DataError
 from torchboost.fileio import open_regular, read_regular
@@ -98,7 +98,7 @@ def expand_shards(pattern: str) -> list[str]:
     if len(pattern) > MAX_PATTERN:
         raise DataError(f"a shard pattern of {len(pattern):,} characters", f"write at most {MAX_PATTERN:,}")
     try:
-        count = _count_names(pattern, 0)
+        count = count_names(pattern, MAX_NESTING, MAX_SHARDS)
         if count > MAX_SHARDS:
             raise DataError(f"shard pattern {pattern[:80]!r} names {count:,} shards (over {MAX_SHARDS:,})",
                             "check the ranges")
@@ -108,70 +108,6 @@ def expand_shards(pattern: str) -> list[str]:
                         "write ranges as {000000..000127} and lists as {a,b}") from None
     except ValueError as e:  # a range bound of thousands of digits (int() refuses it)
         raise DataError(f"shard pattern {pattern[:80]!r} is not readable ({e})", "check the ranges") from None
-
-
-# braceexpand's grammar, counting instead of expanding (it is the package that expands, so the count is of the
-# same names): a pattern is a product of literals and {...} items; an item is an integer or letter range, a
-# comma sequence of patterns (summed), or else literal braces around a pattern.
-_INT_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
-_CHAR_RANGE = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
-
-
-def _count_names(pattern: str, depth: int) -> int:
-    if depth > MAX_NESTING:
-        raise DataError(f"shard pattern nests braces over {MAX_NESTING} deep", "write a flat pattern")
-    total, start, level, pos = 1, 0, 0, 0
-    while pos < len(pattern):
-        c = pattern[pos]
-        if c == "\\":
-            pos += 2
-            continue
-        if c == "{":
-            level += 1
-            if level == 1:
-                start = pos
-        elif c == "}" and level:
-            level -= 1
-            if level == 0:
-                total *= _count_item(pattern[start + 1:pos], depth + 1)
-                if total > MAX_SHARDS:  # stop multiplying: the caller refuses it anyway
-                    return total
-        elif c == "}":
-            level -= 1
-        pos += 1
-    if level != 0:
-        from braceexpand import UnbalancedBracesError
-
-        raise UnbalancedBracesError(pattern)
-    return total
-
-
-def _count_item(expr: str, depth: int) -> int:
-    for rx, size in ((_INT_RANGE, None), (_CHAR_RANGE, 52)):
-        m = rx.match(expr)
-        if m:
-            step = (int(m[3]) or 1) if m[3] else 1
-            if size is None:
-                a, b = int(m[1]), int(m[2])
-            else:
-                from braceexpand import alphabet
-
-                a, b = alphabet.index(m[1]), alphabet.index(m[2])
-            return abs(b - a) // step + 1
-    parts, start, level, pos = [], 0, 0, 0
-    while pos < len(expr):
-        c = expr[pos]
-        if c == "\\":
-            pos += 2
-            continue
-        level += (c == "{") - (c == "}")
-        if c == "," and level == 0:
-            parts.append(expr[start:pos])
-            start = pos + 1
-        pos += 1
-    if level != 0 or not parts:  # not a sequence: literal braces around a pattern
-        return _count_names(expr, depth)
-    return sum(_count_names(p, depth) for p in [*parts, expr[start:]])
 
 
 @contextmanager

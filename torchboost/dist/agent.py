@@ -3,25 +3,29 @@
 Under plain torchrun a node that never arrives keeps the others waiting for the rendezvous join timeout
 (600 s by default) and then ends in a traceback: the training processes, whose timeout is `dist.timeout_s`,
 do not exist yet. Here the join timeout is the run's own `dist.timeout_s`, and the two ways a job ends badly
-(a node missing, a training process failing after its restarts) each become one DistributedError line.
+(a node missing, a training process failing after its restarts) each become one DistributedError line; the
+latter tells a refusal (every failed process exited 2, torchboost's one-line error: restarting cannot help) from
+a crash (running the command again continues from the newest checkpoint), and names the real worklog.
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
 
 from torchboost.errors import DistributedError
 
 
 def run_agent(command: Sequence[str], *, nnodes: str = "1", nproc_per_node: int = 1,
               rdzv_endpoint: Optional[str] = None, rdzv_id: str = "torchboost", max_restarts: int = 0,
-              join_timeout_s: float = 300.0) -> None:
+              join_timeout_s: float = 300.0, worklogs: Optional[Path] = None) -> None:
     """Run `python -m torchboost COMMAND...` on `nproc_per_node` processes of this node under torchrun's agent
     until they finish: c10d rendezvous at `rdzv_endpoint` (host:port of one node, the same on all; None: a job
     on this machine alone). DistributedError when not every node joined within `join_timeout_s`, or when a
-    process still fails once `max_restarts` restarts are spent."""
+    process still fails once `max_restarts` restarts are spent (naming its worklog in `worklogs`, the run's
+    log folder, when it wrote one)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import get_args_parser, run
@@ -45,9 +49,28 @@ def run_agent(command: Sequence[str], *, nnodes: str = "1", nproc_per_node: int 
         raise DistributedError(f"cannot reach the rendezvous at {rdzv_endpoint}: {first[:160]}",
                                "check the host name and port: every node must reach it") from None
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        how = (f"was killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
-               else f"exited with code {failure.exitcode}")
-        raise DistributedError(f"training process rank {rank} {how} after {max_restarts} restart(s)",
-                               "its own error is printed above and kept in OUTPUT/log/worklog.<rank>; run the same "
-                               "command again to continue from the newest checkpoint") from None
+        raise DistributedError(*child_failure(e.failures, max_restarts, worklogs)) from None
+
+
+def child_failure(failures: Mapping[int, Any], max_restarts: int, worklogs: Optional[Path]) -> tuple[str, str]:
+    """(what, fix) for training processes that failed (torchrun's {rank: ProcessFailure}). Exit code 2 on every
+    failed process is torchboost's refusal (a config, data or checkpoint error, printed as one `error:` line):
+    it fails every restart the same way, so the fix is the config, not running the command again."""
+    rank = min(failures, key=lambda r: failures[r].timestamp)  # the first to fail, as torchrun reports it
+    code = failures[rank].exitcode
+    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    log = worklogs / f"worklog.{rank}" if worklogs is not None else None
+    kept = f" and kept in {log}" if log is not None and log.is_file() else ""
+    what = f"training process rank {rank} {how} after {max_restarts} restart(s)"
+    if all(f.exitcode == 2 for f in failures.values()):
+        return what, (f"its `error:` line printed above{kept} says what to fix: fix the config (or the data or "
+                      "checkpoint it names) and start the job again; a restart would fail the same way")
+    return what, (f"its own error is printed above{kept}; run the same command again to continue from the newest "
+                  "checkpoint")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a number no signal has
+        return f"signal {number}"

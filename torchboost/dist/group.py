@@ -5,7 +5,8 @@ Every helper also works in a single process (no process group): reductions retur
 barrier is a no-op, rank 0 of 1 is main. DDP wrapping is in `ddp.py`, the in-process launcher in
 `launch.py`, the Adasum reduction in `adasum.py`; the package re-exports all of them.
 
-Launching (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT):
+Launching (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT; `env.py` checks them,
+`join.py` forms the job within a short join timeout before the process group exists):
     one machine:   torchrun --nproc_per_node=4 -m torchboost train ...
     two machines:  on each, with NODE_RANK 0 on the machine at 10.0.0.1 and 1 on the other:
                    torchrun --nnodes=2 --node_rank=$NODE_RANK --nproc_per_node=8 \
@@ -21,9 +22,8 @@ import datetime
 import gc
 import hashlib
 import logging
-import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from torchboost.dist.env import TorchrunEnv, read_env
+from torchboost.dist.join import cpp_logs_held, first_line, join, open_store
 from torchboost.errors import DistributedError
 from torchboost.fileio import check_inside, make_dirs
 
@@ -40,6 +42,7 @@ log = logging.getLogger("torchboost.dist")
 # Substrings of the RuntimeErrors gloo/NCCL raise when a peer dies or a collective times out; torch
 # raises them as plain RuntimeError (not DistError), so they are recognised by message.
 _BACKEND_MARKERS = ("gloo", "nccl", "connection closed", "timed out", "processgroup", "c10d")
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: longer is a typo, and datetime.timedelta overflows past ~1e14 s
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class DistInfo:
     device: torch.device = torch.device("cpu")
     is_main: bool = True
     backend: str | None = None
+    group_rank: int = 0  # torchrun's node index
 
     @property
     def distributed(self) -> bool:
@@ -62,62 +66,75 @@ class DistInfo:
 _INFO = DistInfo()
 
 
-def _env_int(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        if default is None:
-            raise DistributedError(f"environment variable {name} is not set",
-                                   "launch with torchrun, which sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*")
-        return default
-    return int(value)
+def check_timeout(name: str, seconds: float) -> None:
+    """A timeout c10d can hold: from a millisecond (its unit; 0 would mean no timeout at all) to a week."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 1e-3 <= seconds <= MAX_TIMEOUT_S:
+        raise DistributedError(f"{name}={seconds!r} is not a number of seconds from 0.001 to {MAX_TIMEOUT_S} (a week)",
+                               f"give {name} in seconds, e.g. 300")
 
 
-def _attempt_store(rank: int, world: int, timeout_s: float) -> dist.Store:
-    """The rendezvous store, its keys prefixed by torchrun's restart count. A restarted worker group reuses
-    the agent's store, where the first group's keys (each rank's address) still sit: without the prefix the
-    new ranks read the dead ones' addresses and gloo's connect fails (measured: `torchrun --max-restarts=1`,
-    one worker SIGKILLed, the restarted group never formed)."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)  # the agent hosts it; ranks are clients
-    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT"), world,
-                          is_master=rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"torchboost/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+def _joined_store(env: TorchrunEnv, timeout_s: float, join_timeout_s: float, job: Mapping[str, object]) -> dist.Store:
+    """The store every rank joined through (`join.join`), its operations now bounded by the training timeout.
+    Its keys carry torchrun's restart count: a restarted worker group reuses the agent's store, where the first
+    group's keys (each rank's address) still sit, and without the prefix the new ranks read the dead ones'
+    addresses and gloo's connect fails (measured: `torchrun --max-restarts=1`, one worker SIGKILLed, the
+    restarted group never formed)."""
+    store = dist.PrefixStore(f"torchboost/attempt_{env.restart_count}", open_store(env, join_timeout_s))
+    try:
+        join(store, env, job, join_timeout_s)
+    except DistributedError:
+        raise
+    except Exception as e:  # the store's host went away mid-join: torch raises DistNetworkError/DistStoreError
+        raise DistributedError(f"rank {env.rank} lost the job's store while joining: {first_line(e)}",
+                               "rank 0 hosts it: see its output for the first error") from None
+    store.set_timeout(datetime.timedelta(seconds=timeout_s))  # later store use (NCCL's setup) is training time
+    return store
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 300) -> DistInfo:
+def init_distributed(backend: str | None = None, timeout_s: float = 300, *, join_timeout_s: float = 60,
+                     job: Mapping[str, object] | None = None) -> DistInfo:
     """Join the job described by the torchrun environment, or run as one process outside torchrun.
 
-    backend None picks nccl when CUDA is available, else gloo. `timeout_s` bounds every collective:
-    a rank that dies or hangs makes the others fail with DistributedError after at most that long.
-    Calling it again returns the same DistInfo.
+    The environment is checked first (`env.read_env`): a bad value is one DistributedError before anything
+    connects. Then every rank must arrive within `join_timeout_s` holding the same `job` (e.g. the config and
+    the checkpoint it resumes from, see `join.join`), or every rank raises the same DistributedError; only then
+    does the process group form. backend None picks nccl when CUDA is available, else gloo. `timeout_s` bounds
+    every collective after that: a rank that dies or hangs makes the others fail with DistributedError after at
+    most that long. Calling it again returns the same DistInfo.
     """
     global _INFO
     if dist.is_available() and dist.is_initialized():
         return _INFO
+    env = read_env()
+    check_timeout("timeout_s", timeout_s)
+    check_timeout("join_timeout_s", join_timeout_s)
     cuda = torch.cuda.is_available()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    if env is None:
         _INFO = DistInfo(device=torch.device("cuda", 0) if cuda else torch.device("cpu"))
         return _INFO
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    _env_int("MASTER_PORT")  # fail early with a readable message instead of inside the rendezvous
     backend = backend or ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise DistributedError("backend nccl needs CUDA, which this machine lacks",
                                "use backend gloo (or leave it unset) on CPU")
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda and env.local_rank >= torch.cuda.device_count():
+        raise DistributedError(f"LOCAL_RANK={env.local_rank} but this machine has {torch.cuda.device_count()} GPU(s)",
+                               "start at most one process per GPU (--nproc-per-node)")
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    try:
-        dist.init_process_group(backend, rank=rank, world_size=world, store=_attempt_store(rank, world, timeout_s),
-                                timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if backend == "nccl" else None)
-    except Exception as e:  # rendezvous failures come as several torch exception types
-        raise DistributedError(f"rank {rank} could not join the {world}-process job: {e}",
-                               "check MASTER_ADDR/MASTER_PORT and that every rank was started") from e
-    _INFO = DistInfo(rank, world, local_rank, local_world, device, rank == 0, backend)
+    with cpp_logs_held():
+        store = _joined_store(env, timeout_s, join_timeout_s, job or {})
+        try:
+            dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, store=store,
+                                    timeout=datetime.timedelta(seconds=timeout_s),
+                                    device_id=device if backend == "nccl" else None)
+        except Exception as e:  # rendezvous failures come as several torch exception types
+            raise DistributedError(f"rank {env.rank} could not join the {env.world_size}-process job: {first_line(e)}",
+                                   "check MASTER_ADDR/MASTER_PORT and that every rank was started") from e
+    _INFO = DistInfo(env.rank, env.world_size, env.local_rank, env.local_world_size, device, env.rank == 0, backend,
+                     env.group_rank)
     log.info("rank %d/%d (local %d/%d) joined with %s on %s",
-             rank, world, local_rank, local_world, backend, device)
+             env.rank, env.world_size, env.local_rank, env.local_world_size, backend, device)
     return _INFO
 
 
@@ -252,7 +269,7 @@ def open_worklog(log_dir: str | Path, rank: int) -> logging.FileHandler:
     """
     path = make_dirs(log_dir)
     handler = logging.FileHandler(check_inside(path / f"worklog.{rank}"), encoding="utf-8")
-    node = f"{socket.gethostname()} node{os.environ.get('GROUP_RANK', '0')}"  # torchrun's node index
+    node = f"{socket.gethostname()} node{_INFO.group_rank}"  # torchrun's node index, checked (it goes in a format)
     handler.setFormatter(logging.Formatter(f"%(asctime)s {node} rank{rank} %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("torchboost")
     logger.addHandler(handler)

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from torchboost.errors import ConfigError, suggest
-from torchboost.fileio import read_regular
+from torchboost.fileio import check_regular, read_regular
 from torchboost.models import list_models
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, ThorRecipeOptions, list_optimizers
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
@@ -191,7 +191,10 @@ class DistSection:
     fusion_config: Optional[list[int]] = opt(None, ge=1, help="parameter indices where gradient buckets split "
                                                               "(MindSpore's all_reduce_fusion_config)")
     sync_bn: bool = opt(False, help="BatchNorm statistics across processes")
-    timeout_s: float = opt(300.0, gt=0, help="seconds a collective may wait for another process")
+    # at most a week (604800 s): longer is a typo, and c10d's timedelta overflows (1e300 did, at the join)
+    timeout_s: float = opt(300.0, ge=1, le=604800, help="seconds a collective may wait for another process")
+    join_timeout_s: float = opt(60.0, ge=1, le=604800, help="seconds every process has to start and agree on the job "
+                                                           "(config, checkpoint) before training; then timeout_s")
 
 
 @dataclass
@@ -250,9 +253,9 @@ def resolve_recipe(name_or_path: str) -> Path:
     """A shipped recipe name (see `torchboost recipes`) or a path to a YAML file."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"recipe file {path} not found", "check the path or run `torchboost recipes` for shipped ones")
-        return path
+        if path.exists():
+            return check_regular(path, ConfigError)  # a FIFO or a folder: say which, never "not found"
+        raise ConfigError(f"recipe file {path} not found", "check the path or run `torchboost recipes` for shipped ones")
     shipped = RECIPES_DIR / f"{name_or_path}.yaml"
     if not shipped.is_file():
         raise ConfigError(f"unknown recipe '{name_or_path}'", suggest(name_or_path, list_recipes()))

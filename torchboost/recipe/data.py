@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
                              TensorImageDataset, eval_transform, train_transform)
-from torchboost.data.folder import sample_folder
+from torchboost.data.folder import find_classes, sample_folder
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
@@ -26,17 +26,44 @@ SMALL_IMAGE = 64  # folders of images this small train at their native size (a R
 DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folders without data.mean
 
 
-def _split_dir(root: Path, split: str) -> Path:
+EVAL_SPLITS = ("val", "test")  # a run's evaluation split: val/ when the data has it, else test/
+
+
+def _split_dir(root: Path, split: str, exact: bool = False) -> Path:
+    """The folder of `split` under `root`: train/, or for "val"/"test" the run's evaluation split (val/, else
+    test/), or with `exact` the folder of that name, refused (saying what there is) when missing."""
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist", "check data.path (or --data DIR)")
-    if split not in ("train", "val", "test"):  # never a path: "../../x" must not fall back to test/
+    if split not in ("train", *EVAL_SPLITS):  # never a path: "../../x" must not fall back to test/
         raise DataError(f"unknown split {split!r} for an image folder", "use train, val or test")
-    names = ("train",) if split == "train" else ("val", "test")  # the evaluation split: val/, else test/
+    names = (split,) if split == "train" or exact else EVAL_SPLITS
     for name in names:
         if (root / name).is_dir():
             return root / name
+    if exact:
+        raise _no_split(split, str(root), [n for n in ("train", *EVAL_SPLITS) if (root / n).is_dir()])
     raise DataError(f"no {'/ or '.join(names)}/ folder in {root}",
                     "a folder data set holds train/ and val/ (or test/), each with one sub-folder per class")
+
+
+def _no_split(split: str, where: str, have: list[str]) -> DataError:
+    options = [n for n in have if n != "train"] or have  # an evaluation split first
+    return DataError(f"{where} has no {split} split (it has: {', '.join(have) or 'none'})",
+                     f"use {' or '.join(f'--split {n}' for n in options)}" if have else
+                     "check data.path (or --data DIR)")
+
+
+def _kind_split(cfg: DataConfig, split: str, exact: bool) -> str:
+    """The split a kind with its own storage (shards) reads for `split`, picked as `_split_dir` picks a folder's
+    from the splits the kind says it holds."""
+    kind = get_kind(cfg.dataset)
+    if kind.splits is None:
+        return split
+    have = kind.splits(cfg)
+    if exact and split not in have:
+        raise _no_split(split, f"{cfg.path} ({cfg.dataset})", have)
+    names = (split,) if split == "train" or exact else EVAL_SPLITS
+    return next((n for n in names if n in have), split)  # none: the kind's reader says what is missing
 
 
 def folder_geometry(cfg: DataConfig) -> tuple[int, int, tuple, tuple]:
@@ -106,16 +133,19 @@ def small_stem(model_name: str, image_size: int | None) -> bool:
     return model_name.startswith("resnet") and (image_size or 0) <= SMALL_IMAGE
 
 
-def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, model_name: str = "") -> Dataset:
-    """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes.
-    `num_classes` only sets the label range of a kind without its own labels (synthetic)."""
+def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, model_name: str = "",
+                  exact: bool = False) -> Dataset:
+    """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes. For a folder or
+    shards, "test" (or "val") is the run's evaluation split: val, else test; with `exact`, the split of that
+    name (what `eval --split` reads). `num_classes` only sets the label range of a kind without its own
+    labels (synthetic)."""
     uint8 = cfg.normalize_on_device
     kind = get_kind(cfg.dataset)
     if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
         transform = folder_train_transform(cfg, model_name) if split == "train" else eval_preprocess(cfg)
         if kind.open_split is not None:
-            return kind.open_split(cfg, split, transform)
-        return ImageFolder(_split_dir(Path(cfg.path), split), transform, cfg.skip_corrupt,
+            return kind.open_split(cfg, _kind_split(cfg, split, exact), transform)
+        return ImageFolder(_split_dir(Path(cfg.path), split, exact), transform, cfg.skip_corrupt,
                            drop_corrupt=split != "train")
     if kind.load is None:  # synthetic images of drawn classes
         channels, size, _, _ = folder_geometry(cfg)
@@ -126,6 +156,25 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     ds.uint8 = uint8
     ds.shift = cfg.random_shift if split == "train" else 0
     return ds
+
+
+def split_source(cfg: DataConfig, split: str, exact: bool = False) -> str:
+    """What `build_dataset(cfg, split, exact=exact)` reads, for people: a folder's split folder, else the data
+    set and the split's name."""
+    kind = get_kind(cfg.dataset)
+    if kind.load is None and kind.needs_path and kind.open_split is None:
+        return f"{_split_dir(Path(cfg.path), split, exact)} ({cfg.dataset})"
+    name = _kind_split(cfg, split, exact) if kind.load is None and kind.needs_path else split
+    return f"{cfg.path} ({cfg.dataset}), split {name}" if cfg.path else f"{cfg.dataset}, split {name}"
+
+
+def train_classes(cfg: DataConfig) -> list[str]:
+    """The class names of the training split, from a folder's class folders alone where it is one (no image
+    is listed or read)."""
+    kind = get_kind(cfg.dataset)
+    if kind.load is None and kind.needs_path and kind.open_split is None:
+        return find_classes(_split_dir(Path(cfg.path), "train"))
+    return list(build_dataset(cfg, "train").classes)
 
 
 def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path | None = None) -> DataConfig:

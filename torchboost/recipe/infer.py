@@ -17,13 +17,16 @@ from torchboost.data import build_loader, read_image
 from torchboost.errors import CheckpointError, ConfigError, DataError
 from torchboost.migrate.formats import TORCH, read_torch_named, source_format
 from torchboost.recipe.build import build_loss, build_model
-from torchboost.recipe.config import Config, build_config
-from torchboost.recipe.data import build_dataset, eval_preprocess, load_data
+from torchboost.recipe.config import Config
+from torchboost.recipe.data import build_dataset, eval_preprocess, load_data, split_source
+from torchboost.fileio import check_regular
 from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
-from torchboost.recipe.resolve import resolve
+from torchboost.recipe.resolve import resolve, without_top5
+from torchboost.recipe.saved import config_from_file
 from torchboost.recipe.validate import validate
-from torchboost.train.checkpoint import load_checkpoint, load_model_state
+from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_checkpoint, load_model_state, saved_classes
+from torchboost.train.metrics import METRIC_NAMES
 from torchboost.train.model import Model
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -38,7 +41,7 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
                               "check the path of the checkpoint or weights file")
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
-        cfg = build_config(ckpt["config"], overrides)
+        cfg = config_from_file(ckpt["config"], overrides, path)
         # the saved config is untrusted data and --set values need train's checks; the weights it started
         # from (init_weights) need not exist where it is evaluated
         validate(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_weights=None)))
@@ -56,7 +59,9 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
         ckpt = {"model": read_torch_named(path, cfg.model.name, cfg.model.num_classes, net.state_dict()),
                 "classes": list(train_ds.classes)}
     load_model_state(net, ckpt["model"], source=str(path))
-    model = Model(net, build_loss(cfg), device=device, channels_last=cfg.model.channels_last)
+    # top-5 of 5 classes or fewer always reads 100%: left out, as training leaves it out
+    model = Model(net, build_loss(cfg), metrics=without_top5(METRIC_NAMES, cfg.model.num_classes), device=device,
+                  channels_last=cfg.model.channels_last)
     return model, cfg, ckpt
 
 
@@ -67,6 +72,8 @@ def _training_checkpoint(path: str) -> dict | None:
             return None
     except ConfigError:  # an unregistered suffix: try it as a torch file
         pass
+    if is_torch_file(path):  # one torch would inflate past its size is refused, not tried as plain weights
+        check_torch_zip(path)
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError:
@@ -74,10 +81,12 @@ def _training_checkpoint(path: str) -> dict | None:
     return ckpt if isinstance(ckpt.get("config"), dict) and "model" in ckpt else None
 
 
-def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str = "test", use_ema: bool = False,
-                        config: Optional[str] = None, overrides: Sequence[str] = ()) -> dict:
+def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optional[str] = None,
+                        use_ema: bool = False, config: Optional[str] = None, overrides: Sequence[str] = ()) -> dict:
     """Top-1/top-5/loss of the weights on the run's evaluation data, or on an image folder `data_path`
-    (read with the run's preprocessing; its classes must be the run's)."""
+    (read with the run's preprocessing; its classes must be the run's). `split`: "train", "val" or "test",
+    read exactly (a folder without it is refused, naming those it has); None: the run's evaluation split
+    (a folder's val/, else test/). The result's "data" says what was read (a folder's split folder)."""
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     data = cfg.data
     if data_path:
@@ -86,10 +95,11 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: str =
         if "ema" not in ckpt:
             raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
         model.network.load_state_dict(ckpt["ema"]["module"])
-    ds = build_dataset(data, split, cfg.model.num_classes)
-    check_classes(ds.classes, ckpt.get("classes"), cfg.model.num_classes, path)
+    name, exact = split or "test", split is not None
+    ds = build_dataset(data, name, cfg.model.num_classes, exact=exact)
+    check_classes(ds.classes, saved_classes(ckpt, cfg.model.num_classes, path), cfg.model.num_classes, path)
     result = model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
-    return {**result, "data": f"{data.path} ({data.dataset})" if data.path else data.dataset}
+    return {**result, "data": split_source(data, name, exact)}
 
 
 def check_classes(data_classes: list[str], run_classes: Optional[list[str]], num_classes: int, path: str) -> None:
@@ -112,8 +122,8 @@ def image_files(paths: Sequence[str]) -> list[str]:
             if not found:
                 raise DataError(f"no images in folder {p}", f"supported: {', '.join(IMAGE_SUFFIXES)}")
             files += found
-        elif p.is_file():
-            files.append(str(p))
+        elif p.exists():
+            files.append(str(check_regular(p)))
         else:
             raise DataError(f"{p} does not exist", "pass image files or folders")
     return files
@@ -126,7 +136,7 @@ def predict_images(path: str, images: Sequence[str], topk: int = 5, config: Opti
     if topk < 1:
         raise ConfigError(f"--topk {topk} must be >= 1", "e.g. --topk 5")
     model, cfg, ckpt = model_from_weights(path, config, overrides)
-    classes = ckpt.get("classes") or [str(i) for i in range(cfg.model.num_classes)]
+    classes = saved_classes(ckpt, cfg.model.num_classes, path) or [str(i) for i in range(cfg.model.num_classes)]
     transform = eval_preprocess(cfg.data)
     files = image_files(images)
     results = []

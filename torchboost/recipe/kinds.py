@@ -46,6 +46,7 @@ class DataKind:
     # set, and the header sample `load_data` infers channels and native size from (a folder's: sample_folder).
     open_split: Callable[[object, str, object], Dataset] | None = None
     sample: Callable[[object], FolderSample] | None = None
+    splits: Callable[[object], list[str]] | None = None  # the split names it holds (eval's --split is exact)
     streamed: bool = False  # read as a stream of shards: data.shuffle_buffer / train_shards / eval_shards apply
 
 
@@ -85,7 +86,8 @@ register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) a
                   open_split=lambda cfg, split, transform: open_shards(
                       cfg.path, split, transform, cfg.train_shards if split == "train" else cfg.eval_shards,
                       cfg.shuffle_buffer),
-                  sample=lambda cfg: read_index(cfg.path).sample))
+                  sample=lambda cfg: read_index(cfg.path).sample,
+                  splits=lambda cfg: list(read_index(cfg.path).splits)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",

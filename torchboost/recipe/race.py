@@ -32,12 +32,15 @@ from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
 from torchboost.recipe.config import Config
+from torchboost.recipe.resolve import fit_batch
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
 from torchboost.train.step import TrainStep, prepare_input
 
 # (model, lr, updates per epoch, epochs) -> optimizer
 BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
+# Fewer updates per epoch and a ranking reflects the first few steps (and the lr warm-up), not the optimizers.
+MIN_UPDATES = 10
 
 
 @dataclass
@@ -51,6 +54,35 @@ class Racer:
     build: BuildFn
     make_step: Callable | None = None
     epochs: int | None = None  # its own epoch budget (the schedule's length); None: the race's
+
+
+def race_setup(recipe: str, cfg: Config, images: int, epochs: int) -> tuple[Config, list[str]]:
+    """(the config raced: its batch fitted to the data as `train` fits it, the lines that say what is raced:
+    the recipe, data, batch and updates per epoch, and a warning when those are too few to rank by)."""
+    cfg, note = fit_batch(cfg, images, 1)
+    batch = cfg.data.batch_size
+    updates = images // batch  # the race's loaders drop the last partial batch, as training does
+    where = f"{cfg.data.dataset} {cfg.data.path}" if cfg.data.path else cfg.data.dataset
+    lines = [f"note: {note}"] if note else []
+    lines.append(f"racing recipe {recipe} on {where} ({images} training images): batch {batch}, {updates} "
+                 f"updates/epoch, {epochs} epochs")
+    if updates < MIN_UPDATES:
+        lines.append(f"warning: {updates} updates per epoch are too few for a meaningful ranking; "
+                     + _more_updates(images))
+    return cfg, lines
+
+
+def _more_updates(images: int) -> str:
+    """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two), or more images."""
+    def power_of_two(n: int) -> int:
+        return 1 << (max(n, 1).bit_length() - 1)
+
+    batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
+    if batch < 2:
+        batch = power_of_two(images // MIN_UPDATES)
+    if batch < 2:  # BatchNorm needs 2 images a batch
+        return f"{images} training images are too few for any batch: race on more data"
+    return f"use a smaller batch, e.g. -b {batch} ({images // batch} updates/epoch)"
 
 
 def racer_config(cfg: Config, name: str) -> Config:

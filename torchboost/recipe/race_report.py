@@ -14,7 +14,7 @@ import torch
 
 from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
 from torchboost.recipe.race import Lane
-from torchboost.fileio import atomic_path, atomic_write
+from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.train.device import device_name
 
 
@@ -132,9 +132,10 @@ def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -
     meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
             "device": device_name(lanes[0].device) if lanes else "cpu"}
     path = out / "race.json"
-    atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
-                               default=lambda v: None))
-    return path, plot(lanes, summary, out / "race.png")
+    with confine_writes(out):  # race.json or race.png a link out of the race's folder: refused, not followed
+        atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
+                                   default=lambda v: None))
+        return path, plot(lanes, summary, out / "race.png")
 
 
 def load_lanes(path: Path) -> list[Lane]:
@@ -155,9 +156,10 @@ def median_curve(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[floa
             [min(a) for a in accs], [max(a) for a in accs])
 
 
-def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
-    """Validation top-1 vs training seconds, one line per optimizer at its best lr for the first target (the
-    median over seeds, their spread shaded), each target a dashed line."""
+def race_figure(lanes: Sequence[Lane], summary: dict):
+    """The race plot as a matplotlib Figure: validation top-1 vs training seconds, one line per optimizer at its
+    best lr for the first target (the median over seeds, their spread shaded), each target a dashed line. The
+    y-axis reaches down to the lowest point of any curve or spread: a racer that stays low is in the picture."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,20 +167,29 @@ def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     first_target, rows = next(iter(summary["targets"].items()))
+    lowest = min(float(t) for t in summary["targets"])
     for name, row in rows.items():
         xs, ys, lo, hi = median_curve(lanes, name, row["lr"])
         line, = ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
+        lowest = min([lowest, *lo])
     for t in summary["targets"]:
         ax.axhline(float(t), color="grey", lw=0.6, ls="--")
         ax.annotate(f"target {float(t):.1%}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
                     color="grey", va="bottom")
     ax.set(xlabel="training seconds", ylabel="validation top-1",
            title="race: accuracy vs training time (median over seeds, min-max shaded)")
-    low = min(float(t) for t in summary["targets"]) - 0.03
-    ax.set_ylim(max(0.0, low), 1.0)
+    ax.set_ylim(max(0.0, lowest - 0.03), 1.0)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
+    """`race_figure` saved as a PNG at `path`."""
+    fig = race_figure(lanes, summary)  # first: it picks the file-only backend
+    import matplotlib.pyplot as plt
+
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")  # format: the temp name does not end in .png
     plt.close(fig)

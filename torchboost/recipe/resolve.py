@@ -7,6 +7,7 @@ exact run without the recipe. Resolving returns a new Config; the one passed in 
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 from torch.utils.data import Dataset
 
@@ -39,8 +40,8 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
                                 small_input=small if m.small_input is None else m.small_input)
     train = cfg.train
-    if model.num_classes <= 5 and train.monitor != "val_top_5_accuracy":  # top-5 of <= 5 classes is always 100%
-        train = dataclasses.replace(train, metrics=[m for m in train.metrics if resolve_metric(m) != "top_5_accuracy"])
+    if train.monitor != "val_top_5_accuracy":
+        train = dataclasses.replace(train, metrics=without_top5(train.metrics, model.num_classes))
     if plan is not None and plan.on("grad_accumulation"):
         if train.accumulation_steps not in (1, plan.grad_accumulation_step):
             raise ConfigError(f"train.accumulation_steps={train.accumulation_steps} and boost "
@@ -51,6 +52,11 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     optim = dataclasses.replace(cfg.optim, momentum=entry.momentum if cfg.optim.momentum is None else cfg.optim.momentum,
                                 nesterov=entry.nesterov if cfg.optim.nesterov is None else cfg.optim.nesterov)
     return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)
+
+
+def without_top5(metrics: Sequence[str], num_classes: int) -> list[str]:
+    """`metrics` without top-5 accuracy when there are 5 classes or fewer (it would always read 100%)."""
+    return [m for m in metrics if num_classes > 5 or resolve_metric(m) != "top_5_accuracy"]
 
 
 def fit_batch(cfg: Config, images: int, world_size: int, per_rank: int | None = None) -> tuple[Config, str | None]:

@@ -16,11 +16,15 @@ import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from torchboost.errors import CheckpointError, ConfigError
+from torchboost.dist import restart_count
+from torchboost.errors import CheckpointError, ConfigError, DataError
+from torchboost.fileio import check_regular
 from torchboost.recipe.config import Config, parse_override
+from torchboost.recipe.data import train_classes
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.load import load_config
 from torchboost.recipe.outputs import previous_run
+from torchboost.recipe.resolve import without_top5
 from torchboost.recipe.saved import config_from_file
 from torchboost.recipe.validate import validate
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
@@ -29,6 +33,7 @@ AUTO, LAST = "auto", "last"
 # --set keys whose change makes the continuation a different run (its data order, shapes or state)
 BREAKING = ("data.", "model.", "train.seed", "train.accumulation_steps", "optim.name", "boost.")
 HARMLESS = ("data.workers", "data.pin_memory", "data.eval_batch_size", "data.skip_corrupt")
+PATH_KEYS = ("data.path", "train.init_weights")  # the same file or folder may be spelt in several ways
 
 
 @dataclasses.dataclass
@@ -40,7 +45,8 @@ class ResumePlan:
 
 
 def restarted_by_torchrun() -> bool:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip() not in ("", "0")
+    """TORCHELASTIC_RESTART_COUNT > 0 (checked: a value that is not a count is one DistributedError)."""
+    return restart_count() > 0
 
 
 def newest_checkpoint(out: Path, prefix: Optional[str] = None) -> Optional[tuple[Path, dict]]:
@@ -72,12 +78,48 @@ def _run_folder(checkpoint: Path) -> Optional[Path]:
     return parent.parent if parent.name == "ckpt" else None
 
 
-def _differences(asked: Config, saved: dict) -> dict[str, object]:
+def _same(key: str, was: object, now: object) -> bool:
+    """Equal values; paths are equal when they name the same file or folder (relative or absolute)."""
+    if was == now:
+        return True
+    return key in PATH_KEYS and isinstance(was, str) and isinstance(now, str) and \
+        os.path.realpath(was) == os.path.realpath(now)
+
+
+def _resolved_from(key: str, was: object, now: object, saved: dict, ckpt: Optional[dict]) -> bool:
+    """Whether the saved run's resolved value `was` is what resolving the asked `now` gave (`recipe.resolve`):
+    top-5 left out at 5 classes or fewer, or a batch larger than the data fitted to it (each epoch then one
+    batch; without a checkpoint to tell, a smaller saved batch is taken as fitted)."""
+    if key == "train.metrics" and isinstance(now, list):
+        return was == without_top5(now, int(flatten(saved).get("model.num_classes") or 0))
+    if key == "data.batch_size" and isinstance(was, int) and isinstance(now, int) and was < now:
+        return ckpt is None or bool(ckpt.get("epoch_complete")) and ckpt.get("step_in_epoch") == 1
+    return False
+
+
+def _differences(asked: Config, saved: dict, ckpt: Optional[dict] = None) -> dict[str, object]:
     """{key: asked value} for keys the user set (not left to inference: None or "auto") that differ from the
-    saved run's resolved value."""
+    saved run's resolved value, other than by resolution itself (`_resolved_from`)."""
     have = flatten(saved)
     return {k: v for k, v in flatten(asked.to_dict()).items()
-            if v is not None and v != "auto" and k in have and have[k] != v}
+            if v is not None and v != "auto" and k in have and not _same(k, have[k], v)
+            and not _resolved_from(k, have[k], v, saved, ckpt)}
+
+
+def _moved_data(cfg: Config, was: object, classes: object, path: Path) -> Optional[str]:
+    """The note for a data set that moved (data.path changed, the new training split has the run's classes);
+    a DataError naming the difference when its classes are others. None when the run recorded no classes."""
+    if not isinstance(classes, list):
+        return None
+    now, had = train_classes(cfg.data), [str(c) for c in classes]
+    if now != had:
+        missing, extra = sorted(set(had) - set(now))[:3], sorted(set(now) - set(had))[:3]
+        diff = "; ".join(part for part in (f"missing: {', '.join(missing)}" if missing else "",
+                                           f"extra: {', '.join(extra)}" if extra else "") if part)
+        raise DataError(f"{cfg.data.path} holds other classes than {path} was trained on ({diff or 'their order'})",
+                        "resume on the run's data (the same class folders), or start a new run from its weights "
+                        f"with --set train.init_weights={path}")
+    return f"note: the data moved: resuming on {cfg.data.path} (was {was}), which has the run's {len(now)} classes"
 
 
 def _breaking(keys) -> list[str]:
@@ -95,13 +137,14 @@ def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], outp
         if found is None:
             return _fresh(spec, asked, out)
         path, ckpt = found
-        differ = _differences(asked, ckpt["config"])
-        other = _breaking(differ)
+        differ = _differences(asked, ckpt["config"], ckpt)
+        other = [k for k in _breaking(differ) if k != "data.path"]  # a moved data set: checked by _config
         if other:
             raise ConfigError(f"{out} holds a different run ({', '.join(other[:3])} differ from {path.name})",
                               f"choose another --output, or resume that run with --resume {out}")
         settings = [f"{k}={json.dumps(v)}" for k, v in differ.items()]  # e.g. more epochs: applied and printed
-        return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log, trusted=asked))
+        return ResumePlan(path, out, _config(ckpt["config"], settings, path, force, log, trusted=asked,
+                                             classes=ckpt.get("classes")))
     path = Path(spec)
     if path.is_dir() and path.name == "ckpt" and not (path / "ckpt").is_dir():
         path = path.parent  # RUN/ckpt given for RUN
@@ -112,9 +155,10 @@ def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], outp
                                   "start the run again")
         (path, ckpt), home = found, path
     else:
-        if not path.is_file():
+        if not path.exists():
             raise CheckpointError(f"checkpoint {path} not found", "give a checkpoint file, a run folder, "
                                   "'last' or 'auto'")
+        check_regular(path, CheckpointError)
         ckpt, home = load_checkpoint(path), _run_folder(path)
         if not isinstance(ckpt.get("config"), dict):
             raise CheckpointError(f"{path} holds no saved config: it was not written by torchboost train",
@@ -128,7 +172,7 @@ def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], outp
                           f"--set train.init_weights={path}")
     if home is None and previous_run(out):
         raise ConfigError(f"output folder {out} holds another run", "choose an empty --output")
-    return ResumePlan(path, out, _config(ckpt["config"], overrides, path, force, log))
+    return ResumePlan(path, out, _config(ckpt["config"], overrides, path, force, log, classes=ckpt.get("classes")))
 
 
 def _fresh(spec: str, asked: Config, out: Path) -> ResumePlan:
@@ -145,15 +189,20 @@ def _fresh(spec: str, asked: Config, out: Path) -> ResumePlan:
 
 
 def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log: Callable[[str], None],
-            trusted: Optional[Config] = None) -> Config:
-    """The run's own config with `--set` applied; the changes are printed, breaking ones refused. A command
-    it names must be the user's own (`recipe.saved`): on the command line, or in `trusted` (their recipe)."""
+            trusted: Optional[Config] = None, classes: object = None) -> Config:
+    """The run's own config with `--set` applied; the changes are printed, breaking ones refused (a data set
+    that moved to another path with the run's classes is not one: `_moved_data`). A command it names must be
+    the user's own (`recipe.saved`): on the command line, or in `trusted` (their recipe)."""
     before = flatten(saved)
     cfg = config_from_file(saved, overrides, str(path), trusted)
     after = flatten(cfg.to_dict())
-    asked = {k for item in overrides for k in flatten(parse_override(item))}
-    changed = [k for k in asked if before.get(k) != after.get(k)]
-    breaking = [k for k in changed if k.startswith(BREAKING) and not k.startswith(HARMLESS)]
+    asked = dict.fromkeys(k for item in overrides for k in flatten(parse_override(item)))  # in the given order
+    changed = [k for k in asked if not _same(k, before.get(k), after.get(k))]
+    breaking = _breaking(changed)
+    moved = _moved_data(cfg, before.get("data.path"), classes, path) if breaking == ["data.path"] else None
+    if moved:
+        log(moved)
+        changed, breaking = [k for k in changed if k != "data.path"], []
     if breaking and not force:
         k = breaking[0]
         raise ConfigError(f"{path} was trained with {k}={before.get(k)}; --set {k}={after.get(k)} would not "

@@ -7,6 +7,7 @@ the (resolved) config and returns what it built. Nothing here changes the Config
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import os
@@ -34,7 +35,7 @@ from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve
 from torchboost.recipe.validate import validate
 from torchboost.seed import seed_everything
-from torchboost.train.checkpoint import load_backbone, load_checkpoint
+from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
 from torchboost.train.device import cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
 
@@ -61,8 +62,9 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
     torch.profiler trace of a few steps ("" = OUTPUT/profile). `overwrite` replaces an earlier run's
     files in the output folder (otherwise such a folder is refused unless resuming)."""
     validate(cfg)  # configs built in Python get the same checks as recipe files
-    info = dist.init_distributed(timeout_s=cfg.dist.timeout_s)
     out = output_dir(cfg, output)
+    job = job_for(cfg, resume, out) if dist.read_env() is not None else None  # no job, no checkpoint to hash
+    info = dist.init_distributed(timeout_s=cfg.dist.timeout_s, join_timeout_s=cfg.dist.join_timeout_s, job=job)
     handler = dist.open_worklog(out / "log", info.rank) if info.world_size > 1 else None
     logger = logging.getLogger("torchboost")
 
@@ -74,11 +76,37 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
     try:
         with dist.guard("training"):
             return _train(cfg, info, out, resume, overwrite, log_all, profile)
+    except Exception as e:  # the worklog keeps why this rank stopped (a failed `launch` points there)
+        if handler is not None:
+            logger.error("stopped: %s", e, exc_info=not isinstance(e, TorchboostError))
+        raise
     finally:
         dist.shutdown()
         if handler is not None:
             logger.removeHandler(handler)
             handler.close()
+
+
+def job_for(cfg: Config, resume: Optional[str], out: Path) -> dict[str, object]:
+    """What every rank must hold before the job forms (`dist.init_distributed`): the checkpoint it resumes
+    from, the output folder and the config. A rank resuming alone would otherwise fail its own checks (or train
+    another run) while the others wait for it inside a collective."""
+    return {"resume": resumed_from(resume), "output": str(out), **flatten(cfg.to_dict())}
+
+
+def resumed_from(resume: Optional[str]) -> dist.Described:
+    """The checkpoint a rank resumes from, compared by content: the same file reached by another path (relative
+    on one node, absolute on another) agrees."""
+    if not resume:
+        return dist.Described(None, "starts fresh")
+    path = Path(resume)
+    try:
+        if not path.is_file():  # a FIFO would block the hash; load_checkpoint says what is wrong
+            return dist.Described(f"not a file: {resume}", f"resumes from {resume}, which is not a file")
+        with path.open("rb") as f:
+            return dist.Described(hashlib.file_digest(f, "sha256").hexdigest(), f"resumes from {resume}")
+    except OSError as e:
+        return dist.Described(f"unreadable: {resume}", f"cannot read {resume} ({e.strerror or e})")
 
 
 def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], overwrite: bool, log: Log,
@@ -128,7 +156,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
                             eval_every=run_cfg.train.eval_every, log_fn=log)
     skipped = loader_skipped(train_loader) + loader_skipped(eval_loader)
     if skipped:
-        log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a warning")
+        log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a note")
     if info.is_main:
         log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
             f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
@@ -137,8 +165,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
 
 def check_classes_unchanged(ckpt: dict, path: str, classes: list[str]) -> None:
     """Labels are class indices: a resumed run on data whose class folders changed would shift them."""
-    saved = ckpt.get("classes")
-    if isinstance(saved, list) and saved != classes:
+    saved = saved_classes(ckpt, None, path)
+    if saved is not None and saved != classes:
         diff = sorted(set(map(str, saved)) ^ set(classes))[:3]
         raise DataError(f"the data's classes differ from those {path} was trained on ({', '.join(diff) or 'order'})",
                         "resume on the same class folders, or start a new run with train.init_weights")

@@ -236,7 +236,9 @@ class EarlyStopping(Callback):
 
     def load_state_dict(self, state: dict) -> None:
         self.best.load_state_dict(state["best"])
-        self.bad_epochs = int(state["bad_epochs"])
+        if type(state["bad_epochs"]) is not int or state["bad_epochs"] < 0:
+            raise ValueError(f"bad_epochs {str(state['bad_epochs'])[:20]!r} is not a count")
+        self.bad_epochs = state["bad_epochs"]
 
 
 class ProgressBar(Callback):

@@ -144,8 +144,8 @@ def check_position(ckpt: dict, source: str, fix: str) -> None:
     if type(ckpt["epoch_complete"]) is not bool:
         raise CheckpointError(f"{source} cannot be resumed: its epoch_complete is not true or false", fix)
     if ckpt["step_in_epoch"] > ckpt["global_step"]:
-        raise CheckpointError(f"{source} cannot be resumed: it is {ckpt['step_in_epoch']} updates into its epoch "
-                              f"but {ckpt['global_step']} into the run", fix)
+        raise CheckpointError(f"{source} cannot be resumed: its step_in_epoch ({ckpt['step_in_epoch']}) is past its "
+                              f"global_step ({ckpt['global_step']})", fix)
     elapsed = ckpt.get("epoch_elapsed_s", 0.0)
     sums = ckpt.get("epoch_sums", {"samples": 0, "loss_sum": 0.0, "correct": 0})
     numbers = [elapsed] + ([sums.get(k) for k in ("loss_sum", "correct")] if isinstance(sums, dict) else [None])
@@ -184,6 +184,26 @@ def check_rng_state(state: object, source: str, fix: str) -> None:
             from None
     finally:
         set_rng_state(before)
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
+    """Each parameter's loaded state tensors have its size (a momentum or moment buffer, in any shape), one
+    value per row (a row statistic such as NorMuon's) or one value: torch's loader checks no shapes, and its
+    fused kernels (SGD's, Adam's) write past the end of a smaller buffer (a segfault, not an error)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                sizes = (1, p.numel(), p.shape[0] if p.dim() else 1)
+                if not isinstance(value, torch.Tensor) and type(value) not in (int, float):
+                    raise CheckpointError(f"{source} cannot be resumed: its optimizer state {key!r} is "
+                                          f"{type(value).__name__}, not a tensor or a number",
+                                          "resume from an unmodified checkpoint written by torchboost train, or "
+                                          "start from its weights only")
+                if isinstance(value, torch.Tensor) and value.numel() not in sizes:
+                    raise CheckpointError(f"{source} cannot be resumed: its optimizer state {key!r} has "
+                                          f"{value.numel()} values for a parameter of shape {tuple(p.shape)}",
+                                          "resume from an unmodified checkpoint written by torchboost train, or "
+                                          "start from its weights only")
 
 
 def saved_classes(ckpt: dict, num_classes: int | None, source: str) -> list[str] | None:
@@ -266,6 +286,10 @@ def load_backbone(model: nn.Module, state: dict, source: str = "checkpoint") -> 
 
 def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") -> None:
     """Strict load that names the first mismatching tensor instead of torch's wall of text."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise CheckpointError(f"{source} does not hold a mapping of tensor names to tensors",
+                              "pass an unmodified checkpoint or a state dict saved with model.state_dict()")
     own = model.state_dict()
     for name, tensor in own.items():
         if name not in state:

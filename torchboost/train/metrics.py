@@ -69,7 +69,13 @@ class BestValue:
         return {"value": self.value, "epoch": self.epoch}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value, self.epoch = state["value"], int(state["epoch"])
+        """Restore from a checkpoint (untrusted): a finite number or none, and an epoch count."""
+        value, epoch = state["value"], state["epoch"]
+        if not ((value is None or (type(value) in (int, float) and math.isfinite(value)))
+                and type(epoch) is int and epoch >= 0):
+            raise ValueError(f"best {self.monitor} {str(value)[:20]!r} at epoch {str(epoch)[:20]!r} is not a number "
+                             "and an epoch")
+        self.value, self.epoch = value, epoch
 
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[torch.Tensor]:

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..data.sampling import set_epoch
-from ..errors import CheckpointError, ConfigError, TrainingError
+from ..errors import CheckpointError, ConfigError, TrainingError, printable
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
-from .checkpoint import check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
+from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import DynamicLossScaleManager, LossScaleManager
@@ -127,6 +127,7 @@ class Model:
         try:
             if self.optimizer is not None and ckpt.get("optimizer"):
                 self.optimizer.load_state_dict(ckpt["optimizer"])
+                check_optimizer_state(self.optimizer, str(path))
             if self.train_step is not None:
                 self.train_step.load_state_dict(ckpt.get("train_step", {}))
             if self.ema is not None:
@@ -226,7 +227,12 @@ class Model:
         saved = ckpt.get("callbacks", {})
         for key, cb in keyed_callbacks(state.callbacks):
             if key in saved:
-                cb.load_state_dict(saved[key])
+                try:  # a callback's progress is data from the file: anything it cannot take is a damaged file
+                    cb.load_state_dict(saved[key])
+                except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                    raise CheckpointError(f"the checkpoint's {key} progress is damaged ({printable(e)[:100]})",
+                                          "resume from an unmodified checkpoint written by torchboost train, or "
+                                          "start from its weights only") from None
         if ckpt["epoch_complete"]:
             state.epoch = int(ckpt["epoch"]) + 1
             state.eval_results = dict(ckpt.get("epoch_results", {}))

@@ -1,9 +1,10 @@
 """Profiling and data-starvation accounting, as training callbacks.
 
 `ProfilerCallback`: a few updates recorded with torch.profiler into a TensorBoard trace (`--profile`).
-`DataStarvationMonitor`: on every run, data wait vs the whole update per epoch, and one warning with
-concrete advice when the wait exceeds 5% of the step. Times come from `Model.train`, which synchronizes
-the GPU before reading the clock, so asynchronous kernels are not misread as data wait.
+`DataStarvationMonitor`: on every run, data wait vs the whole update per epoch, and one warning (a note at the
+default of 0 loader workers) with concrete advice when the wait exceeds 5% of the step. Times come from
+`Model.train`, which synchronizes the GPU before reading the clock, so asynchronous kernels are not misread as
+data wait.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class ProfilerCallback(Callback):
     def _on_ready(self, prof: profile) -> None:
         if not self._recorded():  # stopped during wait/warmup: torch would save a trace of warm-up noise
             return
-        tensorboard_trace_handler(str(check_inside(self.directory / "trace")))(prof)
+        check_inside(self.directory / "trace.json")  # torch writes into the folder itself: no link out of the run
+        tensorboard_trace_handler(str(self.directory))(prof)
         # GPU time is what matters on a GPU; on CPU the operators' own (self) CPU time.
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         self.table = prof.key_averages().table(sort_by=sort, row_limit=self.row_limit)
@@ -126,7 +128,8 @@ def starvation_advice(loader: Any = None, decodes: Optional[bool] = None) -> lis
 
 class DataStarvationMonitor(Callback):
     """Per-epoch summary of data wait vs update time, and one warning per run when the wait exceeds
-    `threshold` of the update. The first `warmup_steps` updates of each epoch (worker start-up, prefetch
+    `threshold` of the update (a note instead with a loader of 0 workers: that is the default, not a setting
+    the user got wrong). The first `warmup_steps` updates of each epoch (worker start-up, prefetch
     refill) count in the summary but not in the warning decision. The decision is taken after
     `check_after` judged updates, or at the end of the epoch if that comes first.
 
@@ -189,8 +192,14 @@ class DataStarvationMonitor(Callback):
         if share <= self.threshold:
             return
         data_ms, step_ms = 1000 * self.judged_data / self.judged_n, 1000 * self.judged_step / self.judged_n
-        self.warning = (f"warning: training waits for data: {data_ms:.1f} ms of each {step_ms:.1f} ms update "
-                        f"({100 * share:.0f}% > {100 * self.threshold:.0f}%) over {self.judged_n} updates. "
-                        f"Try: {'; '.join(starvation_advice(self.loader, self.decodes))}")
+        waited = (f"{data_ms:.1f} ms of each {step_ms:.1f} ms update ({100 * share:.0f}% > "
+                  f"{100 * self.threshold:.0f}%) over {self.judged_n} updates")
+        advice = "; ".join(starvation_advice(self.loader, self.decodes))
+        if getattr(self.loader, "num_workers", None) == 0:
+            # the tool's own default, not a mistake: said once as a note, with the setting that overlaps the two
+            self.warning = (f"note: loading data takes {waited}: with data.workers=0 (the default) it runs in the "
+                            f"training process, between updates. To overlap it with training: {advice}")
+        else:
+            self.warning = f"warning: training waits for data: {waited}. Try: {advice}"
         self.warned = True
         state.log(self.warning)
