@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, default_collate
 
 from torchboost.data.sampling import sample_rng
 from torchboost.data.transforms import ImageTransform
-from torchboost.errors import DataError
+from torchboost.errors import DataError, printable
 from torchboost.fileio import open_regular
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -142,8 +142,9 @@ def sample_folder(root: str | Path, per_class: int = 4) -> FolderSample:
 
 
 def note(message: str) -> None:
-    """One `note:` line on stderr: a loader's worker processes have no log of the run to write to."""
-    print(f"note: {message}", file=sys.stderr, flush=True)
+    """One `note:` line on stderr (file names in it made printable): a loader's worker processes have no log
+    of the run to write to."""
+    print(f"note: {printable(message)}", file=sys.stderr, flush=True)
 
 
 _NOTED: set[str] = set()  # decoding warnings this process has noted (each message once, as Python would)

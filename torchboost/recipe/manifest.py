@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from torchboost.fileio import atomic_write
+from torchboost.fileio import atomic_write, read_regular
 from torchboost.plaindata import check_plain
 from torchboost.train.state import Callback, TrainState
 
@@ -45,7 +45,7 @@ def _digest(path: Path) -> str:
 def read_manifest(out: Path) -> dict[str, dict]:
     """{relative path: {"size", "sha256", "mtime"}}; an unreadable or malformed manifest lists nothing."""
     try:
-        data = json.loads((out / MANIFEST).read_text())
+        data = json.loads(read_regular(out / MANIFEST))  # a FIFO in its place must not block the run
         check_plain(data, str(out / MANIFEST))
     except (OSError, ValueError, Exception):  # noqa: BLE001 - any damage means "owns nothing": safe side
         return {}

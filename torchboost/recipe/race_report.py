@@ -14,7 +14,7 @@ import torch
 
 from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
 from torchboost.recipe.race import Lane
-from torchboost.fileio import atomic_path, atomic_write, confine_writes
+from torchboost.fileio import atomic_path, atomic_write, confine_writes, read_regular
 from torchboost.train.device import device_name
 
 
@@ -140,7 +140,7 @@ def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -
 
 def load_lanes(path: Path) -> list[Lane]:
     """The runs of a saved race.json (for re-reporting a race, finished or stopped)."""
-    runs = json.loads(Path(path).read_text())["runs"]
+    runs = json.loads(read_regular(path))["runs"]
     return [Lane(r["optimizer"], r["lr"], r["seed"], None, None, None,  # type: ignore[arg-type]
                  seconds=r["history"][-1]["seconds"] if r["history"] else 0.0, history=r["history"],
                  stopped=r["stopped"]) for r in runs]

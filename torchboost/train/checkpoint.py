@@ -57,9 +57,13 @@ def check_torch_zip(path: str | Path) -> None:
     fix = "re-save it with torch.save (torch >= 1.6, uncompressed), or use another copy"
     with open_regular(path, CheckpointError) as f:
         size = os.fstat(f.fileno()).st_size
-        if not f.read(4).startswith(_TORCH_MAGIC[0]):
-            raise CheckpointError(f"{path} is a legacy (torch < 1.6) or unknown torch file, whose sizes cannot be "
-                                  "checked before reading", fix)
+        head = f.read(4)
+        if head.startswith(_TORCH_MAGIC[1]):
+            raise CheckpointError(f"{path} is a legacy (torch < 1.6) torch file, whose sizes cannot be checked "
+                                  "before reading", fix)
+        if not head.startswith(_TORCH_MAGIC[0]):
+            raise CheckpointError(f"{path} is not a torch file (it does not start as torch.save writes)",
+                                  "pass a checkpoint or state dict saved with torch.save")
         f.seek(0)
         try:
             entries = zipfile.ZipFile(f).infolist()
