@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchboost.optim.protocol import TrainerProtocol
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.train.ema import ModelEMA
 from torchboost.train.hooks import StepHook
@@ -199,7 +200,7 @@ def test_closure_optimizer_gets_loss_of_current_batch():
     net = tiny_net()
     want, _ = Reference(net).grads(x, y)
 
-    class ClosureSGD(torch.optim.SGD):
+    class ClosureSGD(TrainerProtocol, torch.optim.SGD):  # declares its need (torchboost.optim.protocol)
         needs_closure = True
         seen = None
 

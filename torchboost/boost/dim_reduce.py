@@ -36,12 +36,13 @@ import torch.distributed as dist
 from torch import nn
 
 from torchboost.errors import CheckpointError, ConfigError
+from torchboost.optim.protocol import TrainerProtocol
 
 from .options import DimReduceOptions
 from .pca import build_pca_basis, checkpoint_files, save_basis
 
 
-class DimReduce(torch.optim.Optimizer):
+class DimReduce(TrainerProtocol, torch.optim.Optimizer):
     """P-BFGS optimizer over a PCA subspace. `step(closure)`: the closure re-runs forward on the current
     batch under no_grad and returns the loss; the gradient must already be in .grad.
 
@@ -51,7 +52,7 @@ class DimReduce(torch.optim.Optimizer):
     the same decision (gradients are expected to be averaged already, e.g. by DDP).
     """
 
-    needs_closure = True
+    needs_closure = True  # torchboost.optim.protocol: TrainStep passes a closure re-running the forward
 
     def __init__(self, params: Iterable[nn.Parameter], pca_mat: torch.Tensor, rho: float = 0.55,
                  gamma: float = 0.9, alpha: float = 0.001, sigma: float = 0.4, max_search: int = 3,

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..optim.protocol import protocol_of
 
 ROOT = "(root)"
 Feed = Callable[[str], Optional[tuple[torch.Tensor, ...]]]
@@ -176,7 +177,7 @@ def record_step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
     params = [(n, p) for n, p in model.named_parameters() if p.grad is not None]
     params.sort(key=lambda np_: -first_seen.get(np_[0].rpartition(".")[0] or ROOT, -1))
     rec.grads = {n: _snapshot(p.grad) for n, p in params}
-    if getattr(optimizer, "needs_closure", False):  # line-search optimizers re-evaluate the loss (TrainStep's rule)
+    if protocol_of(optimizer).needs_closure:  # line-search optimizers re-evaluate the loss (optim.protocol)
         optimizer.step(torch.no_grad()(lambda: loss_fn(model(x), y).float()))
     else:
         optimizer.step()

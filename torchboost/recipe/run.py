@@ -266,9 +266,7 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
     ema = build_ema(cfg, net)
     optimizer = (boost_optimizer(plan, net) if plan is not None else None) or \
         build_optimizer(cfg, net, lr, steps_per_epoch)  # DimReduce when boost's dim_reduce is on
-    loss_scale = build_loss_scale(cfg, device)
-    if hasattr(optimizer, "grad_scaler") and loss_scale is not None:
-        optimizer.grad_scaler = loss_scale.scaler  # THOR unscales its G factors by the live loss scale
+    loss_scale = build_loss_scale(cfg, device)  # TrainStep gives its scaler to the optimizer (optim.protocol)
     wrapped = net
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
         freeze = plan is not None and plan.on("grad_freeze")  # frozen layers produce no gradient that step

@@ -9,7 +9,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Optional, TextIO
 
 import torch
 
@@ -156,11 +156,11 @@ class ModelCheckpoint(Callback):
             self.best.load_state_dict(state["best"])
 
 
-def _start_momentum(optimizer: Any) -> None:
+def _start_momentum(optimizer: torch.optim.Optimizer) -> None:
     """Give parameters that join after a freeze the zero momentum buffer the others started from: torch's
     foreach/fused SGD refuses a step where only some parameters have one (zero + the first gradient is
     exactly SGD's own first step with dampening 0)."""
-    state = getattr(optimizer, "state", {})
+    state = optimizer.state
     if not any("momentum_buffer" in s for s in state.values()):
         return
     for group in optimizer.param_groups:

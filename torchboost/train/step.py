@@ -17,6 +17,7 @@ from torch import nn
 
 from .. import dist
 from ..errors import ConfigError, TrainingError
+from ..optim.protocol import lr_scale, protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import LossScaleManager
@@ -80,8 +81,9 @@ class TrainStep:
         self.last_grad_norm: Optional[torch.Tensor] = None
         self.nonfinite, self.max_nonfinite_steps = nonfinite, max_nonfinite_steps
         self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss
-        for g in optimizer.param_groups:  # remember each group's share of the schedule (e.g. lr multipliers)
-            g.setdefault("lr_scale", 1.0)
+        # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
+        self.protocol = protocol_of(optimizer)
+        self.protocol.attach_loss_scale(loss_scale.scaler if loss_scale is not None else None)
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +106,7 @@ class TrainStep:
             return
         lr = float(self.lr_schedule[min(step, len(self.lr_schedule) - 1)])
         for g in self.optimizer.param_groups:
-            g["lr"] = lr * g["lr_scale"]
+            g["lr"] = lr * lr_scale(g)  # each group's share of the schedule (a head at 10x, AdamW beside Muon)
 
     def params_with_grad(self) -> list[torch.Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -198,7 +200,7 @@ class TrainStep:
 
     def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         opt, scaler = self.optimizer, self.loss_scale
-        if getattr(opt, "needs_closure", False):  # e.g. DimReduce's line search re-evaluates the loss
+        if self.protocol.needs_closure:  # e.g. DimReduce's line search re-evaluates the loss
             x, y = self.to_device(*batch)
 
             @torch.no_grad()

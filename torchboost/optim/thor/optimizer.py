@@ -26,10 +26,10 @@ from torch import Tensor, nn
 from torchboost.errors import ConfigError
 from torchboost.optim.thor.args import Schedule, Value, check_thor_options
 from torchboost.optim.closure import evaluate_closure
-from torchboost.optim.thor.preconditioner import ScalerThroughPreconditioner, ThorPreconditioner
+from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
 
 
-class THOR(ScalerThroughPreconditioner, torch.optim.Optimizer):
+class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     """Trace-based Hardware-driven layer-ORiented natural gradient (Chen et al., AAAI 2021): a
     `ThorPreconditioner` (curvature, refresh, damping, split, distributed, AMP; its keyword arguments are
     accepted here) followed by MindSpore's momentum update.

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from torchboost.errors import CheckpointError, ConfigError
+from torchboost.optim.protocol import TrainerProtocol
 from torchboost.optim.thor import distributed as thor_dist
 from torchboost.optim.thor.args import Schedule, Value, check_thor_options
 from torchboost.optim.thor.factors import DetachedHook, factor_dtype
@@ -313,16 +314,11 @@ def _all_finite(stats: list[tuple[Tensor, Tensor, float]]) -> list[bool]:
     return [bool(f) and math.isfinite(t) for f, (_, _, t) in zip(flags.tolist(), stats)]
 
 
-class ScalerThroughPreconditioner:
-    """For optimizers built on a `ThorPreconditioner` (THOR, ThorPreconditioned): the trainer attaches its
-    GradScaler as `optimizer.grad_scaler`, and the preconditioner needs it to unscale its G factors."""
+class PreconditionedProtocol(TrainerProtocol):
+    """The trainer protocol of optimizers built on a `ThorPreconditioner` (THOR, ThorPreconditioned): the
+    trainer's GradScaler goes to the preconditioner, which unscales its G factors by it."""
 
     preconditioner: ThorPreconditioner
 
-    @property
-    def grad_scaler(self) -> torch.amp.GradScaler | None:
-        return self.preconditioner.grad_scaler
-
-    @grad_scaler.setter
-    def grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
+    def attach_loss_scale(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler

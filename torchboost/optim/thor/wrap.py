@@ -9,24 +9,21 @@ from torch import Tensor, nn
 
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.closure import evaluate_closure
-from torchboost.optim.thor.preconditioner import ScalerThroughPreconditioner, ThorPreconditioner
+from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
 
 
-class ThorPreconditioned(ScalerThroughPreconditioner, torch.optim.Optimizer):
+class ThorPreconditioned(PreconditionedProtocol, torch.optim.Optimizer):
     """`step()` = `preconditioner.step()` (its `kl_clip` reads the first param group's lr) then
     `optimizer.step()`. Shares the inner optimizer's param groups and state, so lr schedules, `zero_grad` and
-    `lr_scale` keys act on it directly."""
+    `lr_scale` keys act on it directly; torch's step hooks registered on it fire around the whole step."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, preconditioner: ThorPreconditioner) -> None:
-        # no super().__init__: the inner optimizer owns groups and state; hooks-free Optimizer use only
+        # torch's own initialisation (hooks, step patching) over the inner optimizer's groups: add_param_group
+        # keeps the very dicts it is given, so both objects see one set of groups; the state is shared the
+        # same way (Optimizer's public attributes).
+        super().__init__(optimizer.param_groups, optimizer.defaults)
+        self.param_groups, self.state = optimizer.param_groups, optimizer.state
         self.optimizer, self.preconditioner = optimizer, preconditioner
-        self.defaults = optimizer.defaults
-        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
-        self._optimizer_state_dict_pre_hooks, self._optimizer_state_dict_post_hooks = {}, {}
-        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
-
-    param_groups = property(lambda self: self.optimizer.param_groups)
-    state = property(lambda self: self.optimizer.state)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:

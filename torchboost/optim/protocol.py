@@ -1,0 +1,46 @@
+"""What a trainer needs from an optimizer beyond `torch.optim.Optimizer`, declared in one place.
+
+`TrainStep` drives any optimizer through these, never by probing for attributes:
+
+- `step()` / `step(closure)`: torch's. `needs_closure` says the step re-evaluates the loss itself (DimReduce's
+  line search) and must be given a closure.
+- `attach_loss_scale(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
+  backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
+- per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
+  (a head at 10x the backbone's lr); `optim.groups.param_groups` and `scale_lr_of` set it. Torch allows
+  extra keys in param groups, and the trainer only reads it.
+- checkpoint state: torch's `state_dict()` / `load_state_dict()`.
+
+An optimizer of torchboost's declares its answers by deriving from `TrainerProtocol`; any other torch
+optimizer gets the defaults (`protocol_of`), which are a plain optimizer's: no closure, no use for the scale.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+LR_SCALE = "lr_scale"
+
+
+class TrainerProtocol:
+    """Mixin for optimizers with needs of their own; the defaults are a plain torch optimizer's."""
+
+    needs_closure: ClassVar[bool] = False
+
+    def attach_loss_scale(self, scaler: torch.amp.GradScaler | None) -> None:
+        """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""
+
+
+_PLAIN = TrainerProtocol()
+
+
+def protocol_of(optimizer: torch.optim.Optimizer) -> TrainerProtocol:
+    """The optimizer's own answers when it declares them, else a plain optimizer's."""
+    return optimizer if isinstance(optimizer, TrainerProtocol) else _PLAIN
+
+
+def lr_scale(group: dict) -> float:
+    """The share of the schedule's lr this param group takes (1 unless the group says otherwise)."""
+    return float(group.get(LR_SCALE, 1.0))
