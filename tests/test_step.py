@@ -264,3 +264,23 @@ def test_bad_options_are_config_errors():
     step = TrainStep(net, nn.CrossEntropyLoss(), opt)
     with pytest.raises(ConfigError, match="input_norm"):
         step([(torch.zeros(2, 1, 6, 6, dtype=torch.uint8), torch.zeros(2, dtype=torch.long))], 0)
+
+
+def test_step_options_are_stated_once_and_checked_by_name():
+    """StepOptions is the one list of the update's options: TrainStep and Model take it (or its keywords)
+    without restating its fields, and a misspelt option is a one-line error with the closest name."""
+    import dataclasses
+    import inspect
+
+    from torchboost.train.model import Model
+    from torchboost.train.step import StepOptions
+
+    fields = {f.name for f in dataclasses.fields(StepOptions)}
+    for cls in (TrainStep, Model):
+        assert not fields & set(inspect.signature(cls.__init__).parameters), cls
+    net = tiny_net()
+    with pytest.raises(ConfigError, match="clip_global_norm"):
+        TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), clip_global_nrom=1.0)
+    base = StepOptions(clip_value=0.5)
+    step = TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), base, clip_global_norm=2.0)
+    assert (step.clip_value, step.clip_global_norm) == (0.5, 2.0) and base.clip_global_norm is None

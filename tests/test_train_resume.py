@@ -38,7 +38,7 @@ def rows(out):
 
 
 def fresh_model(seed):
-    return tiny_model(seed=seed, dropout=0.3, per_batch_accuracy=True)  # dropout: the RNG state matters too
+    return tiny_model(seed=seed, dropout=0.3, compute_accuracy=True)  # dropout: the RNG state matters too
 
 
 def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path, one_thread):

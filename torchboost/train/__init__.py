@@ -12,10 +12,10 @@ from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleM
 from torchboost.train.model import Model
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback, TrainState
-from torchboost.train.step import StepOutput, TrainStep
+from torchboost.train.step import StepOptions, StepOutput, TrainStep
 
 __all__ = [
-    "Model", "TrainStep", "StepOutput", "StepHook", "Callback", "TrainState", "LossMonitor", "TimeMonitor",
+    "Model", "TrainStep", "StepOptions", "StepOutput", "StepHook", "Callback", "TrainState", "LossMonitor", "TimeMonitor",
     "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",
     "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "LossScaleManager", "FixedLossScaleManager",
     "DynamicLossScaleManager", "atomic_save", "load_checkpoint", "load_model_state", "resolve_device",

@@ -5,6 +5,7 @@ The epoch loop lives here; everything about one update lives in `TrainStep` (ove
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -12,7 +13,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -20,12 +20,10 @@ from ..data.sampling import set_epoch
 from ..errors import CheckpointError, ConfigError, TrainingError, printable
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
-from .ema import ModelEMA
-from .hooks import StepHook
 from .loss_scale import DynamicLossScaleManager, LossScaleManager
 from .metrics import METRIC_NAMES, MetricAccumulator
 from .device import amp_dtype_for, cpu_has_bf16, resolve_device
-from .step import TrainStep, prepare_input
+from .step import StepOptions, TrainStep, prepare_input
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -35,8 +33,9 @@ class Model:
 
     amp_level (MindSpore's): O0 fp32; O1 and O2 autocast (O2 adds dynamic loss scaling when the low
     precision is fp16, as MindSpore does); O3 casts the whole network to the low precision.
-    nonfinite: "stop" raises TrainingError at the first update whose loss is inf/NaN (before applying it);
-    "skip" drops such updates and raises after `max_nonfinite_steps` consecutive ones.
+    The update's own options (clipping, EMA, schedule, hooks, non-finite policy...) are `StepOptions`, given
+    as `options=` or as its keyword arguments (`Model(net, loss, opt, clip_global_norm=1.0)`); Model sets the
+    autocast dtype (from amp_level/amp_dtype) and the loss scale (loss_scale_manager) itself.
     """
 
     def __init__(self, network: nn.Module, loss_fn: Optional[nn.Module] = None,
@@ -44,12 +43,9 @@ class Model:
                  metrics: Optional[Iterable[str]] = None, amp_level: str = "O0",
                  loss_scale_manager: Optional[LossScaleManager] = None, *,
                  device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
-                 lr_schedule: Optional[np.ndarray] = None, clip_global_norm: Optional[float] = None,
-                 clip_value: Optional[float] = None, accumulation_steps: int = 1,
-                 ema: Optional[ModelEMA] = None, hooks: Sequence[StepHook] = (), channels_last: bool = False,
-                 per_batch_accuracy: bool = False, step_cls: type[TrainStep] = TrainStep,
-                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None,
-                 compile: bool = False, nonfinite: str = "stop", max_nonfinite_steps: int = 0) -> None:
+                 accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep, compile: bool = False,
+                 options: Optional[StepOptions] = None, **step_options: Any) -> None:
+        options = StepOptions.of(options, **step_options)
         if amp_level not in AMP_LEVELS:
             raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
         if accumulation_steps < 1:
@@ -57,9 +53,9 @@ class Model:
         self.device = resolve_device(device)
         self.network = network.to(self.device)
         self.module = getattr(network, "module", network)  # the bare model under a DDP wrapper
-        if channels_last:
+        if options.channels_last:
             self.network.to(memory_format=torch.channels_last)
-        self.input_norm = input_norm
+        self.input_norm = options.input_norm
         self.loss_fn, self.optimizer = loss_fn, optimizer
         # resolves aliases ("acc", "top5") and rejects unknown names now rather than at the first evaluation
         self.metrics = tuple(MetricAccumulator(metrics).names) if metrics is not None else METRIC_NAMES
@@ -75,18 +71,15 @@ class Model:
             loss_scale_manager = DynamicLossScaleManager(device=self.device.type)
         self.loss_scale_manager = loss_scale_manager
         self.accumulation_steps = accumulation_steps
-        self.channels_last = channels_last
-        self.ema = ema
+        self.channels_last = options.channels_last
+        self.ema = options.ema
         self.train_step: Optional[TrainStep] = None
         # torch.compile wraps the forward; the bare module keeps the state dict and the EMA/hook targets.
         self.compiled = torch.compile(self.network) if compile else self.network
         if optimizer is not None and loss_fn is not None:
-            self.train_step = step_cls(
-                self.compiled, loss_fn, optimizer, device=self.device, autocast_dtype=self.autocast_dtype,
-                loss_scale=loss_scale_manager, clip_global_norm=clip_global_norm, clip_value=clip_value,
-                ema=ema, hooks=hooks, lr_schedule=lr_schedule, channels_last=channels_last,
-                compute_accuracy=per_batch_accuracy, ema_model=self.module, input_norm=input_norm,
-                nonfinite=nonfinite, max_nonfinite_steps=max_nonfinite_steps)
+            options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype, loss_scale=loss_scale_manager)
+            self.train_step = step_cls(self.compiled, loss_fn, optimizer, options, device=self.device,
+                                       ema_model=self.module)
         self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)
         self._resume: Optional[dict] = None
 

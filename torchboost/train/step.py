@@ -8,15 +8,15 @@ forward (autocast) -> loss / n_micro -> scaled backward (no DDP sync until the l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
 from .. import dist
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, TrainingError, suggest
 from ..optim.protocol import lr_scale, protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
@@ -53,37 +53,65 @@ class StepOutput:
 NONFINITE_POLICIES = ("stop", "skip")
 
 
-class TrainStep:
-    """Everything one update needs, with each feature off by default."""
+@dataclass(frozen=True)
+class StepOptions:
+    """What one update does besides forward, backward and the optimizer's step, each off by default: the one
+    statement of these options, which `TrainStep`, `Model` and the recipe builder share (as an object, or as
+    keyword arguments that become one)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer, *,
-                 device: torch.device | str = "cpu", autocast_dtype: Optional[torch.dtype] = None,
-                 loss_scale: Optional[LossScaleManager] = None, clip_global_norm: Optional[float] = None,
-                 clip_value: Optional[float] = None, ema: Optional[ModelEMA] = None,
-                 hooks: Sequence[StepHook] = (), lr_schedule: Optional[np.ndarray] = None,
-                 channels_last: bool = False, compute_accuracy: bool = False,
-                 ema_model: Optional[nn.Module] = None,
-                 input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None,
-                 nonfinite: str = "stop", max_nonfinite_steps: int = 0) -> None:
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ConfigError(f"nonfinite={nonfinite!r} is not a policy", "use 'stop' or 'skip'")
-        if nonfinite == "skip" and max_nonfinite_steps < 1:
-            raise ConfigError(f"nonfinite='skip' with max_nonfinite_steps={max_nonfinite_steps} would never skip",
-                              "set max_nonfinite_steps to the consecutive skipped updates to allow (e.g. 10)")
+    autocast_dtype: Optional[torch.dtype] = None  # forward under torch.autocast in this dtype
+    loss_scale: Optional[LossScaleManager] = None  # scaled backward, unscale, overflow check
+    clip_global_norm: Optional[float] = None
+    clip_value: Optional[float] = None
+    ema: Optional[ModelEMA] = None  # updated after each applied update
+    hooks: Sequence[StepHook] = ()  # boost's gradient and update hooks, in order
+    lr_schedule: Optional[Sequence[float]] = None  # lr per update index (times each group's lr_scale)
+    channels_last: bool = False
+    compute_accuracy: bool = False  # top-1 hits of the training batches (the epoch's train accuracy)
+    input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None  # (mean, std) for uint8 batches
+    nonfinite: str = "stop"  # a non-finite loss: "stop" before applying it, or "skip" the update
+    max_nonfinite_steps: int = 0  # with "skip": consecutive skipped updates allowed
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(f"nonfinite={self.nonfinite!r} is not a policy", "use 'stop' or 'skip'")
+        if self.nonfinite == "skip" and self.max_nonfinite_steps < 1:
+            raise ConfigError(f"nonfinite='skip' with max_nonfinite_steps={self.max_nonfinite_steps} would never "
+                              "skip", "set max_nonfinite_steps to the consecutive skipped updates to allow (e.g. 10)")
+
+    @classmethod
+    def of(cls, options: Optional["StepOptions"], **changes: Any) -> "StepOptions":
+        """`options` (default: all off) with keyword changes; an unknown name is a one-line error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ConfigError(f"unknown step option {unknown[0]!r}", suggest(unknown[0], sorted(names)))
+        return dataclasses.replace(options or cls(), **changes)
+
+
+class TrainStep:
+    """Everything one update needs, with each feature off by default (`StepOptions`, given as an object or as
+    its keyword arguments: `TrainStep(net, loss, opt, clip_global_norm=1.0)`)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable, optimizer: torch.optim.Optimizer,
+                 options: Optional[StepOptions] = None, *, device: torch.device | str = "cpu",
+                 ema_model: Optional[nn.Module] = None, **changes: Any) -> None:
+        o = self.options = StepOptions.of(options, **changes)
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.device = torch.device(device)
-        self.autocast_dtype, self.loss_scale = autocast_dtype, loss_scale
-        self.clip_global_norm, self.clip_value = clip_global_norm, clip_value
-        self.ema, self.hooks, self.lr_schedule = ema, list(hooks), lr_schedule
-        self.channels_last, self.compute_accuracy, self.input_norm = channels_last, compute_accuracy, input_norm
+        # the options as attributes: what the step's pieces (and a subclass's) read
+        self.autocast_dtype, self.loss_scale = o.autocast_dtype, o.loss_scale
+        self.clip_global_norm, self.clip_value = o.clip_global_norm, o.clip_value
+        self.ema, self.hooks, self.lr_schedule = o.ema, list(o.hooks), o.lr_schedule
+        self.channels_last, self.compute_accuracy, self.input_norm = o.channels_last, o.compute_accuracy, o.input_norm
+        self.nonfinite, self.max_nonfinite_steps = o.nonfinite, o.max_nonfinite_steps
         # EMA tracks the bare module even when `model` is a DDP wrapper.
         self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
         self.last_grad_norm: Optional[torch.Tensor] = None
-        self.nonfinite, self.max_nonfinite_steps = nonfinite, max_nonfinite_steps
         self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss
         # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
         self.protocol = protocol_of(optimizer)
-        self.protocol.attach_loss_scale(loss_scale.scaler if loss_scale is not None else None)
+        self.protocol.attach_loss_scale(o.loss_scale.scaler if o.loss_scale is not None else None)
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

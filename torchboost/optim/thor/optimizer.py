@@ -36,14 +36,15 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
 
     `decay_filter(name) -> bool` (False = no weight decay for that parameter); `loss_scale` is a fixed
     loss scale applied by the caller (MindSpore's FixedLossScaleManager): gradients are divided by it, G by
-    its square. `damping` may also be changed through `param_groups[i]["damping"]` when it is a float.
+    its square. The damping has one source, the preconditioner's schedule: `opt.preconditioner.damping_at()`
+    reads it, `opt.preconditioner.set_damping(...)` replaces it.
     """
 
     def __init__(self, model: nn.Module, lr: Schedule, damping: Schedule, momentum: float = 0.9,
                  weight_decay: float = 0.0, frequency: int = 100, split_dim: int | None = 128,
                  loss_scale: float = 1.0, *, decay_filter: Callable[[str], bool] | None = None,
-                 use_nesterov: bool = False, **preconditioner: Any) -> None:
-        check_thor_options(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, use_nesterov=use_nesterov,
+                 nesterov: bool = False, **preconditioner: Any) -> None:
+        check_thor_options(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 decay_filter=decay_filter, **preconditioner))
         self.preconditioner = ThorPreconditioner(model, damping, frequency, split_dim, loss_scale, **preconditioner)
         self._lr = Value(lr, "lr")
@@ -52,8 +53,7 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             if p.requires_grad:
                 (decay if decay_filter is None or decay_filter(name) else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        defaults = dict(lr=self._lr.initial(lr), damping=Value(damping, "damping").initial(damping),
-                        momentum=momentum, weight_decay=weight_decay, nesterov=use_nesterov)
+        defaults = dict(lr=self._lr.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__([g for g in groups if g["params"]], defaults)
 
     # the preconditioner's state, under the names THOR has always had
@@ -71,11 +71,10 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
         k = self.update_index
-        damping = self.preconditioner.current_damping(self.param_groups[0]["damping"])
         lrs = [self._lr(k, group["lr"]) for group in self.param_groups]
-        self.preconditioner.step(damping, lrs[0])
+        self.preconditioner.step(lrs[0])
         for group, lr in zip(self.param_groups, lrs):
-            group["lr"], group["damping"] = lr, damping
+            group["lr"] = lr
             self._sgd_update(group)
         return loss
 
@@ -130,12 +129,13 @@ def thor(net: nn.Module, lr: Schedule, damping: Schedule, momentum: float, weigh
          loss_scale: float = 1.0, batch_size: int = 32, use_nesterov: bool = False,
          decay_filter: Callable[[str], bool] | None = None, split_indices: Sequence[int] | None = None,
          frequency: int = 100, **kwargs: Any) -> THOR:
-    """MindSpore-shaped factory: `thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size,
-    split_indices=None, frequency=100)`. `batch_size` is only validated: THOR reads each step's real batch
+    """MindSpore-shaped factory, with MindSpore's argument names (`use_nesterov` is torch's `nesterov`):
+    `thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size, split_indices=None,
+    frequency=100)`. `batch_size` is only validated: THOR reads each step's real batch
     size from the layer inputs, so a smaller last batch is scaled exactly. `split_indices` sets the
     all-reduce fusion groups of the factors, as in MindSpore. Extra keyword arguments go to THOR."""
     if batch_size < 1:
         raise ConfigError(f"thor: batch_size must be >= 1, got {batch_size}", "pass the per-device batch size")
     return THOR(net, lr, damping, momentum=momentum, weight_decay=weight_decay, frequency=frequency,
-                loss_scale=loss_scale, use_nesterov=use_nesterov, decay_filter=decay_filter,
+                loss_scale=loss_scale, nesterov=use_nesterov, decay_filter=decay_filter,
                 split_indices=split_indices, **kwargs)

@@ -75,8 +75,7 @@ class ThorPreconditioner:
                                 max_interval_mult=max_interval_mult, accumulation_steps=accumulation_steps,
                                 loss_reduction=loss_reduction, max_damping_retries=max_damping_retries),
                            preconditioner_only=True)
-        self.damping = damping if isinstance(damping, (int, float)) else None
-        self._damping = Value(damping, "damping")
+        self.damping = Value(damping, "damping")  # the one source of the damping (see damping_at)
         self.factor_interval = factor_interval or frequency
         self.inv_interval = inv_interval or frequency
         self.split_dim, self.loss_scale, self.factor_decay = split_dim, loss_scale, factor_decay
@@ -126,23 +125,29 @@ class ThorPreconditioner:
         return self.first_order_after is not None and k >= self.first_order_after
 
     # ---- the update ---------------------------------------------------------------------------------
-    def current_damping(self, damping: float | None = None) -> float:
-        """The damping of the coming update: the array/callable schedule's value, else `damping` (a
-        float kept elsewhere, e.g. in THOR's param groups), else the float given at construction."""
-        return self._damping(self.update_index, self.damping if damping is None else damping)
+    def damping_at(self, k: int | None = None) -> float:
+        """The damping of update `k` (default: the coming one) from the one schedule (float, per-update array
+        or callable); `set_damping` replaces it."""
+        return self.damping(self.update_index if k is None else k)
+
+    def set_damping(self, damping: Schedule) -> None:
+        """Replace the damping schedule from the coming update on (a float, an array by update index, or a
+        callable of it)."""
+        check_thor_options(dict(damping=damping), preconditioner_only=True)
+        self.damping = Value(damping, "damping")
 
     @torch.no_grad()
-    def step(self, damping: float | None = None, lr: float | None = None) -> None:
+    def step(self, lr: float | None = None) -> None:
         """Refresh what is due, then overwrite each preconditioned layer's `.grad` with G^-1 grad A^-1 (and
         each unit-wise BatchNorm's with F^-1 grad). Call after backward (and after any `GradScaler.unscale_`),
-        before the optimizer's step. `damping`: this update's damping, overriding the schedule; `lr`: this
-        update's learning rate (what `kl_clip` bounds; THOR and `ThorPreconditioned` pass theirs)."""
+        before the optimizer's step. `lr`: this update's learning rate (what `kl_clip` bounds; THOR and
+        `ThorPreconditioned` pass theirs)."""
         k = self.update_index
         if self.first_order(k):
             self.update_index += 1
             self._arm_capture()
             return
-        damping = self.current_damping() if damping is None else damping
+        damping = self.damping_at(k)
         if not damping > 0:
             raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
         if self.kl_clip is not None and lr is None:
