@@ -38,6 +38,7 @@ from torchboost.seed import seed_everything
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
 from torchboost.train.device import cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
+from torchboost.train.step import StepOptions
 
 Log = Callable[[str], None]
 
@@ -274,16 +275,14 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
                                 fusion_config=fusion_config(cfg, plan), sync_bn=cfg.dist.sync_bn,
                                 find_unused_parameters=freeze)
     t = cfg.train
+    step = StepOptions(lr_schedule=build_schedule(cfg, lr, steps_per_epoch), clip_global_norm=t.clip_global_norm,
+                       clip_value=t.clip_value, ema=ema, hooks=hooks, channels_last=cfg.model.channels_last,
+                       compute_accuracy=True,  # train top-1 feeds the history's train/validation gap
+                       input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
+                       nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps)
     model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_level=t.amp_level,
-                  loss_scale_manager=loss_scale, device=device,
-                  amp_dtype=None if t.amp_dtype == "auto" else t.amp_dtype,
-                  lr_schedule=build_schedule(cfg, lr, steps_per_epoch),
-                  clip_global_norm=t.clip_global_norm, clip_value=t.clip_value,
-                  accumulation_steps=t.accumulation_steps, ema=ema, hooks=hooks,
-                  channels_last=cfg.model.channels_last,
-                  per_batch_accuracy=True,  # train top-1 feeds the history's train/validation gap
-                  input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
-                  compile=cfg.model.compile, nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps)
+                  loss_scale_manager=loss_scale, device=device, amp_dtype=None if t.amp_dtype == "auto" else t.amp_dtype,
+                  accumulation_steps=t.accumulation_steps, compile=cfg.model.compile, options=step)
     return model, lr
 
 
