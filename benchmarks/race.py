@@ -26,9 +26,9 @@ import yaml
 from torch import nn
 
 from torchboost.optim import muon_optimizer
-from torchboost.optim.registry import OptimizerArgs, get_optimizer, thor_kwargs
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
+from torchboost.recipe.optimizers import race_policy, thor_per_update
 from torchboost.recipe.race import Racer, budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes, plot,
                                            summarize, write_results)
@@ -63,8 +63,9 @@ TASKS = {
 def option_variant(name: str, base: str, cfg, lrs, **extra) -> Racer:
     """A registered THOR-family optimizer with the task's `optim.thor` plus `extra` (a variant being measured):
     built by the same registry entry as `torchboost train`."""
-    thor = dataclasses.replace(cfg.optim.thor, **extra)
-    racer = builtin_racer(base, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, thor=thor)), lrs)
+    thor = dataclasses.replace(cfg.optim.options["thor"], **extra)
+    optim = dataclasses.replace(cfg.optim, options={**cfg.optim.options, "thor": thor})
+    racer = builtin_racer(base, dataclasses.replace(cfg, optim=optim), lrs)
     return dataclasses.replace(racer, name=name)
 
 
@@ -74,10 +75,10 @@ def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         if not name.startswith("thor"):
             return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
-        options = dataclasses.replace(cfg.optim.thor, **thor)
-        kw = thor_kwargs(OptimizerArgs(lr, options=options, updates_per_epoch=steps, epochs=epochs))
+        options = dataclasses.replace(cfg.optim.options["thor"], **thor)
+        kw = dataclasses.asdict(thor_per_update(options, steps, epochs))
         return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon", **kw)
-    return Racer(name, lrs or get_optimizer("muon").lr_grid, build)
+    return Racer(name, lrs or race_policy("muon").lr_grid, build)
 
 
 def make_racer(name: str, cfg, lrs) -> Racer:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torchboost.optim.registry import OptimizerArgs, build_optimizer
 from torchboost.recipe import load_resolved
 from torchboost.recipe.build import build_model
+from torchboost.recipe.optimizers import thor_per_update
 from torchboost.recipe.race_report import cpu_flags
 
 # torchboost.optim.thor is also the name of THOR's factory function: import the module by its path
@@ -74,7 +75,7 @@ def main() -> None:
             model = build_model(cfg)
             opt = build_optimizer(name, model, OptimizerArgs(
                 0.02, momentum=0.95, nesterov=True, weight_decay=5e-4,
-                options=None if name == "muon" else cfg.optim.thor, updates_per_epoch=31, epochs=8))
+                options=None if name == "muon" else thor_per_update(cfg.optim.options["thor"], 31, 8)))
             for x, y in data:
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()

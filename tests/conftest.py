@@ -8,6 +8,8 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("ci", max_examples=80, deadline=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))
 settings.register_profile("soak", max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+# the generators that run the real CLI on generated trees take ~0.5 s an example: an hour's hunt
+settings.register_profile("soak-cli", max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile("ci")
 
 

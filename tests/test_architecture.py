@@ -5,6 +5,7 @@ imports flow one way (faces -> application -> library), no import cycles between
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -129,8 +130,29 @@ def test_public_api_matches_the_docs():
                                      "get_thor_lr", "get_thor_damping", "ModelEMA", "create_model")),
                        (torchboost.optim, ("THOR", "get_thor_lr", "get_thor_damping")),
                        (torchboost.dist, ("adasum_reduce", "launch", "init_distributed", "wrap_ddp"))):
-        assert not hasattr(mod, "__getattr__"), f"{mod.__name__} uses a module __getattr__"
         for name in names:
             assert name in mod.__all__ and getattr(mod, name) is not None, f"{mod.__name__}.{name}"
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.__all__ lists missing {name}"
+
+
+PACKAGES = sorted(module_name(p) for p in ROOT.rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_export_explicitly(package):
+    """Every package lists its names in `__all__`. A module `__getattr__` is allowed for one thing only: the
+    names of its `_EXPORTS` table (name -> module, imported on first use so that `import torchboost` and the
+    CLI's start need no torch), each listed in `__all__` and found in its module; any other name is an
+    AttributeError, as without one."""
+    mod = importlib.import_module(package)
+    assert isinstance(mod.__all__, list) and all(hasattr(mod, name) for name in mod.__all__), package
+    if not hasattr(mod, "__getattr__"):
+        return
+    exports = getattr(mod, "_EXPORTS", None)
+    assert isinstance(exports, dict) and exports, f"{package} has a module __getattr__ without an _EXPORTS table"
+    assert set(exports) <= set(mod.__all__), f"{package}._EXPORTS names missing from __all__"
+    for name, module in exports.items():
+        assert getattr(mod, name) is getattr(importlib.import_module(module), name), f"{package}.{name}"
+    with pytest.raises(AttributeError):
+        mod.__getattr__("no_such_name")

@@ -69,7 +69,7 @@ def test_to_dict_round_trip():
 def test_free_form_sections_merge_instead_of_replacing():
     cfg = load_config("mnist-lenet-thor", ["optim.thor.frequency=50",
                                            "boost.config.dim_reduce.weight_load_dir=runs/x/ckpt"])
-    t = cfg.optim.thor
+    t = cfg.optim.options["thor"]
     assert (t.damping, t.frequency, t.split_dim) == (0.1, 50, 128)
     assert cfg.boost.config == {"dim_reduce": {"weight_load_dir": "runs/x/ckpt"}}
 
@@ -83,3 +83,64 @@ def test_the_resnet20_thor_recipe_is_the_races_thor_lane():
                                             "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}",
                                             "optim.thor.factor_samples=32"])
     assert dataclasses.replace(load_config("resnet20-mnist5k-thor"), name=race.name) == race
+
+
+class _Started(BaseException):
+    """Raised where training would begin."""
+
+
+def _count_passes(monkeypatch) -> list:
+    import importlib
+
+    v = importlib.import_module("torchboost.recipe.validate")  # the package re-exports the function as `validate`
+    calls, real = [], v.validate
+    monkeypatch.setattr(v, "validate", lambda cfg: (calls.append(cfg), real(cfg))[1])
+    return calls
+
+
+def test_a_config_passes_validation_once_unless_it_changes(monkeypatch):
+    from torchboost.recipe.validate import validated
+
+    cfg = load_config(None, [])
+    calls = _count_passes(monkeypatch)
+    assert validated(cfg) is cfg and calls == []  # load_config's pass stands
+    cfg.optim.lr = -1.0  # changed after its pass (Python): checked again, not trusted
+    with pytest.raises(ConfigError, match="optim.lr must be > 0"):
+        validated(cfg)
+    assert validated(Config()) is not None and len(calls) == 2  # built in Python: checked
+
+
+@pytest.mark.parametrize("data", [False, True])
+def test_train_reads_the_recipe_once_and_validates_once(data, monkeypatch, tmp_path):
+    """`train` (also with --data) builds the recipe once and validates it once; train_from_config trusts it."""
+    import torchboost.recipe.load as load
+    import torchboost.recipe.run as run
+    from torchboost.cli import main
+
+    calls, reads, real_read = _count_passes(monkeypatch), [], load.read_yaml
+    monkeypatch.setattr(load, "read_yaml", lambda path: (reads.append(path), real_read(path))[1])
+    monkeypatch.setattr(run, "_train", lambda *a, **k: (_ for _ in ()).throw(_Started()))
+    folder = tmp_path / "images"
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (folder / split / label).mkdir(parents=True)
+    argv = ["train", "-o", str(tmp_path / "out"), *(["--data", str(folder)] if data else [])]
+    with pytest.raises(_Started):
+        main(argv)
+    assert len(reads) == 1 and len(calls) == 1
+    assert calls[0].data.path == (str(folder) if data else None)
+
+
+def test_saved_configs_with_an_optim_thor_section_load_unchanged():
+    saved = load_config("mnist-lenet-thor").to_dict()
+    assert "thor" in saved["optim"] and "options" not in saved["optim"]
+    again = build_config(saved)
+    assert again == load_config("mnist-lenet-thor") and again.optim.options["thor"].frequency == 10
+    with pytest.raises(ConfigError, match="unknown config key 'optim.options'"):
+        build_config({"optim": {"options": {}}})  # the Python field is not a recipe key
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.thor.frequncy'.*optim.thor.frequency"):
+        build_config(None, ["optim.thor.frequncy=3"])
+    with pytest.raises(ConfigError, match=r"optim.thorr.*did you mean 'optim.thor'"):
+        build_config(None, ["optim.thorr.frequency=3"])
+    with pytest.raises(AttributeError):
+        Config().optim.thor = {"frequency": 3}  # OptimConfig has slots: no silent attribute

@@ -3,7 +3,9 @@ asserted (the README walk itself is tests/test_readme.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,7 +135,31 @@ def test_metric_aliases_through_the_recipe(tmp_path, capsys):
     assert "did you mean 'accuracy'" in err
 
 
-def test_user_facing_text_speaks_plainly():
-    text = README.read_text()
-    for jargon in ("seed document", "DESIGN", "../shared", "§"):
-        assert jargon not in text, jargon
+def test_the_readme_names_only_real_keys_commands_and_recipes():
+    """What a newcomer copies from the README exists: every config key it sets or names in its prose and
+    commands (a renamed key would be refused at the first try, or a section read as a key), every `torchboost`
+    subcommand and every shipped recipe. Its Python examples are run by tests/test_readme.py."""
+    from torchboost.cli import build_parser
+    from torchboost.options import leaf_fields
+    from torchboost.recipe.config import Config, list_recipes
+
+    text = re.sub(r"```python\n.*?```", "", README.read_text(), flags=re.S)  # `model.train(...)` is Python
+    code = re.findall(r"```\w*\n(.*?)```", text, flags=re.S) + re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "",
+                                                                                                 text, flags=re.S))
+    leaves = {key: value for key, _, _, value in leaf_fields(Config())}
+    sections = sorted({key.split(".")[0] for key in leaves if "." in key})
+    named = set(re.findall(rf"(?<![\w./-])((?:{'|'.join(sections)})\.[a-z_][a-z0-9_.]*[a-z0-9_])(?![\w.(])", text))
+    assert {"optim.lr", "data.dataset", "boost.level"} <= named  # the walk sees the keys the README sets
+
+    def real(name: str) -> bool:  # a key, a section of keys, or inside a mapping-valued key (boost.config)
+        return name in leaves or any(key.startswith(name + ".") for key in leaves) or any(
+            name.startswith(key + ".") and isinstance(value, dict) for key, value in leaves.items())
+
+    assert not [name for name in named if not real(name)], "README names config keys that do not exist"
+    commands = {m for block in code for m in re.findall(r"(?:^|\s|-m )torchboost ([a-z][a-z-]*)", block, flags=re.M)}
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"train", "eval", "predict", "convert"} <= commands
+    assert commands <= set(subparsers.choices), commands - set(subparsers.choices)
+    recipes = {m for block in code for m in re.findall(r"(?:--config|-c|--reference-config)[ =]([\w.-]+)", block)
+               if not m.endswith((".yaml", ".yml")) and not m.isupper()}  # paths and placeholders (RECIPE)
+    assert "mnist-lenet" in recipes and recipes <= set(list_recipes()), recipes - set(list_recipes())

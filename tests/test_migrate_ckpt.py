@@ -1,7 +1,6 @@
 """MindSpore .ckpt reader/writer: a file built here byte by byte from the proto2 schema (independent
 encoder below), bit-exact round trips for every dtype, CRC checks, malformed inputs and fuzzing."""
 
-import time
 import tracemalloc
 import zlib
 
@@ -11,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bounded import within
 from torchboost.errors import CheckpointError
 from torchboost.migrate import load_mindspore_ckpt, parse_mindspore_ckpt, read_mindspore_ckpt, save_mindspore_ckpt
 
@@ -223,13 +223,12 @@ def test_every_truncation_is_an_error_or_a_clean_prefix():
 
 
 def _parse_bounded(data: bytes) -> None:
-    start = time.perf_counter()
     try:
-        out = parse_mindspore_ckpt(data)
+        with within(60, f"parse_mindspore_ckpt of {len(data)} bytes"):  # a generous bound against a hang
+            out = parse_mindspore_ckpt(data)
         assert all(isinstance(t, torch.Tensor) for t in out.tensors.values())
     except CheckpointError:
         pass
-    assert time.perf_counter() - start < 60  # a generous bound against a hang, not a speed claim
 
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,7 +6,6 @@ import os
 import pickle
 import random
 import struct
-import time
 import tracemalloc
 from collections import OrderedDict
 
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from bounded import within
 from torchboost.errors import CheckpointError
 from torchboost.migrate import load_pdparams, parse_pdparams, safe_unpickle, save_pdparams
 
@@ -244,14 +244,14 @@ def test_fuzz_mutated_files_fail_cleanly(tmp_path):
              pickle.dumps({"w": np.ones((3, 3), "f4"), "b": np.zeros(3, "f8")}, protocol=4)]
     rng = random.Random(0)
     outcomes = {"ok": 0, "error": 0}
-    start = time.perf_counter()
     tracemalloc.start()
     try:
         for i in range(600):
             data = _mutate(rng, bases[i % len(bases)])
             tracemalloc.reset_peak()
             try:
-                parse_pdparams(data, "fuzz.pdparams")
+                with within(60, f"mutant {i}"):  # a generous bound against a hang, not a speed claim
+                    parse_pdparams(data, "fuzz.pdparams")
                 outcomes["ok"] += 1
             except CheckpointError as e:
                 assert "\n" not in str(e) and str(e).startswith("fuzz.pdparams"), str(e)
@@ -261,4 +261,3 @@ def test_fuzz_mutated_files_fail_cleanly(tmp_path):
         tracemalloc.stop()
     assert sum(outcomes.values()) == 600 and outcomes["error"] > 300
     assert not marker.exists()
-    assert time.perf_counter() - start < 300  # a generous bound against a hang, not a speed claim

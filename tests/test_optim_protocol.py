@@ -36,7 +36,7 @@ def test_every_registry_entry_speaks_the_protocol(name):
     """Each entry's optimizer answers the trainer's questions: a closure or not, and the loss scale reaches
     whatever uses it (THOR's preconditioner); a plain torch optimizer gets the defaults."""
     net = _net()
-    opt = build_optimizer(name, net, OptimizerArgs(lr=0.01, updates_per_epoch=10, epochs=1))
+    opt = build_optimizer(name, net, OptimizerArgs(lr=0.01))
     scale = DynamicLossScaleManager(init_loss_scale=2.0**10)
     step = TrainStep(net, nn.CrossEntropyLoss(), opt, loss_scale=scale)
     assert step.protocol.needs_closure is False
@@ -71,7 +71,7 @@ def test_the_group_lr_scale_is_read_never_written():
 
 def test_hooks_registered_on_the_thor_wrapper_fire_and_schedulers_reach_the_inner_groups():
     net = _net()
-    opt = build_optimizer("thor_muon", net, OptimizerArgs(lr=0.02, updates_per_epoch=10, epochs=1))
+    opt = build_optimizer("thor_muon", net, OptimizerArgs(lr=0.02))
     calls = []
     opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("pre"))
     opt.register_step_post_hook(lambda o, args, kwargs: calls.append("post"))
@@ -83,7 +83,7 @@ def test_hooks_registered_on_the_thor_wrapper_fire_and_schedulers_reach_the_inne
     assert calls == ["pre", "post"]
     assert opt.param_groups is opt.optimizer.param_groups
     assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
-    restored = build_optimizer("thor_muon", _net(), OptimizerArgs(lr=0.02, updates_per_epoch=10, epochs=1))
+    restored = build_optimizer("thor_muon", _net(), OptimizerArgs(lr=0.02))
     restored.load_state_dict(opt.state_dict())
     assert restored.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
 

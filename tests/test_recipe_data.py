@@ -1,4 +1,4 @@
-"""Config -> data sets (recipe.data) and the keys inferred from the data (recipe.resolve)."""
+"""Config -> data sets (recipe.data) and the keys inferred from the data (recipe.resolve.resolve_config)."""
 
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from torchboost.data.sampling import SampleIndex
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig, build_config
 from torchboost.recipe.data import build_dataset, load_data
-from torchboost.recipe.resolve import resolve
+from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validate import validate
 
 
@@ -102,7 +102,7 @@ def test_folder_keys_are_inferred_from_the_images_and_the_model(tmp_path):
     cfg = build_config({"data": {"dataset": "folder", "path": str(root)}})
     d, train, _ = load_data(cfg)
     assert (d.channels, d.image_size, d.augment, d.mean, d.std) == (1, 28, "none", [0.5], [0.5])  # digits: no crops
-    run = resolve(cfg, d, train, None)
+    run = resolve_config(cfg, d, train, None)
     assert (run.model.num_classes, run.model.in_chans, run.checkpoint.prefix) == (3, 1, "mnist_cnn")
     assert cfg.model.num_classes is None and cfg.data.channels is None  # the input config is unchanged
     resnet = build_config({"model": {"name": "resnet18"}, "data": {"dataset": "folder", "path": str(root)}})
@@ -118,15 +118,15 @@ def test_a_num_classes_that_contradicts_the_data_is_an_error(tmp_path):
     cfg = build_config({"model": {"num_classes": 1000}, "data": {"dataset": "folder", "path": str(root)}})
     d, train, _ = load_data(cfg)
     with pytest.raises(ConfigError, match="model.num_classes=1000 but the training data has 3 classes"):
-        resolve(cfg, d, train, None)
+        resolve_config(cfg, d, train, None)
     cfg = build_config({"model": {"in_chans": 3}, "data": {"dataset": "folder", "path": str(root)}})
     d, train, _ = load_data(cfg)
     with pytest.raises(ConfigError, match="model.in_chans=3 but the images have 1 channel"):
-        resolve(cfg, d, train, None)
+        resolve_config(cfg, d, train, None)
 
 
 def test_python_configs_resolve_like_yaml_ones():
     cfg = Config()
     d, train, _ = load_data(cfg)
-    run = resolve(cfg, d, train, None)
+    run = resolve_config(cfg, d, train, None)
     assert (run.model.num_classes, run.model.in_chans, run.data.image_size) == (10, 1, 28)

@@ -12,7 +12,7 @@ import torch
 from torchboost.migrate import convert
 from torchboost.models import create_model
 from torchboost.migrate.formats import all_suffixes
-from torchboost.recipe.build import build_optimizer, build_schedule, effective_lr
+from torchboost.recipe.build import build_schedule, effective_lr, optimizer_from_config
 from torchboost.recipe.infer import evaluate_checkpoint
 from torchboost.recipe.load import load_config, load_resolved
 from torchboost.recipe.run import train_from_config
@@ -54,7 +54,7 @@ def test_first_order_optimizers_train_and_carry_the_config(tmp_path, name, cls):
     cfg = load_config("digits-lenet", [f"optim.name={name}", "optim.lr=0.002" if name == "adamw" else "optim.lr=0.05",
                                        "optim.weight_decay=0.01", *unset])
     cfg_run, _, _ = load_resolved("digits-lenet", [f"optim.name={name}", *unset])
-    opt = build_optimizer(cfg, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), cfg.optim.lr)
+    opt = optimizer_from_config(cfg, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), cfg.optim.lr)
     assert isinstance(opt, cls) and opt.param_groups[0]["lr"] == cfg.optim.lr
     decays = sorted({g["weight_decay"] for g in opt.param_groups})
     assert decays == [0.0, 0.01]  # BN/bias groups are not decayed (decay_bn_and_bias=false)
@@ -131,7 +131,7 @@ def test_thor_muon_through_the_recipe(tmp_path):
     cfg = load_config("digits-lenet", FAST + [f"output={tmp_path}", "train.epochs=1", "optim.name=thor_muon",
                                               "optim.lr=0.02", "optim.momentum=null", "optim.thor={damping: 0.1, frequency: 10}"])
     resolved, _, _ = load_resolved("digits-lenet", ["optim.name=thor_muon", "optim.momentum=null"])
-    opt = build_optimizer(resolved, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), 0.02)
+    opt = optimizer_from_config(resolved, __import__("torchboost").create_model("mnist_cnn", 10, 1, image_size=8), 0.02)
     assert isinstance(opt, ThorPreconditioned)
     assert train_from_config(cfg).eval_results["val_top_1_accuracy"] >= 0.85
 
@@ -143,8 +143,8 @@ def test_head_lr_mult_scales_only_the_head_through_the_schedule(name):
     torch.manual_seed(0)
     net = create_model("mnist_cnn", 10, 1)
     head = {id(p) for n, p in net.named_parameters() if n in classifier_head(net)}
-    plain = build_optimizer(load_config(None, [f"optim.name={name}"]), create_model("mnist_cnn", 10, 1), 0.1, 10)
-    opt = build_optimizer(load_config(None, [f"optim.name={name}", "optim.head_lr_mult=10"]), net, 0.1, 10)
+    plain = optimizer_from_config(load_config(None, [f"optim.name={name}"]), create_model("mnist_cnn", 10, 1), 0.1, 10)
+    opt = optimizer_from_config(load_config(None, [f"optim.name={name}", "optim.head_lr_mult=10"]), net, 0.1, 10)
     assert sum(len(g["params"]) for g in opt.param_groups) == sum(len(g["params"]) for g in plain.param_groups)
     model = Model(net, torch.nn.CrossEntropyLoss(), opt, lr_schedule=np.array([0.5, 0.25]))
     base = {g.get("name"): g.get("lr_scale", 1.0) for g in plain.param_groups}  # Muon's AdamW ratio stays
@@ -164,7 +164,7 @@ def test_head_lr_mult_sgd_step_is_the_dense_formula():
     torch.manual_seed(0)
     net = create_model("mnist_cnn", 10, 1).double()
     cfg = load_config(None, ["optim.momentum=0", "optim.head_lr_mult=4"])
-    opt = build_optimizer(cfg, net, 0.05, 1)
+    opt = optimizer_from_config(cfg, net, 0.05, 1)
     before = {n: p.detach().clone() for n, p in net.named_parameters()}
     x, y = torch.randn(4, 1, 28, 28, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
     torch.nn.functional.cross_entropy(net(x), y).backward()

@@ -34,7 +34,7 @@ def test_config_doc_is_generated_from_the_schema():
 
 def test_every_key_has_one_line_of_meaning():
     missing = [r.key for r in rows() if not r.help.strip() or "\n" in r.help]
-    assert not missing, f"give these opt() fields a one-line help=: {missing}"
+    assert not missing, f"give these option() fields a one-line help=: {missing}"
 
 
 def test_the_doc_lists_every_key_the_schema_accepts():

@@ -20,12 +20,17 @@ from torchboost.cli import main
 from torchboost.data import build_loader
 from torchboost.data.builtin import BUILTIN_SETS
 from torchboost.migrate.formats import FORMATS, REFUSED, read_weights, write_weights
-from torchboost.optim.registry import OPTIMIZERS, OptimizerArgs, build_optimizer
-from torchboost.recipe.build import build_optimizer as recipe_build_optimizer
-from torchboost.recipe.config import build_config
+from torchboost.optim.groups import param_groups
+from torchboost.optim.registry import OPTIMIZERS, OptimizerArgs, OptimizerEntry, build_optimizer, register, unregister
+from torchboost.options import option
+from torchboost.recipe.build import optimizer_from_config
+from torchboost.recipe.config import build_config, dump_config
 from torchboost.recipe.data import build_dataset
 from torchboost.recipe.kinds import DATA_KINDS
+from torchboost.recipe.load import load_config
+from torchboost.recipe.optimizers import DEFAULT_LR_GRID, RACE_POLICY, race_policy
 from torchboost.recipe.race import builtin_racer
+from torchboost.recipe.reference import select
 from torchboost.recipe.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +56,7 @@ def train(net: nn.Module, opt: torch.optim.Optimizer, data: list) -> None:
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_builds_steps_and_round_trips_its_state(name):
-    args = OptimizerArgs(lr=0.01, weight_decay=1e-4, options=None, updates_per_epoch=4, epochs=1)
+    args = OptimizerArgs(lr=0.01, weight_decay=1e-4, options=None)
     if OPTIMIZERS[name].options is not None:  # refresh curvature every 2 updates so the reload crosses one
         args = dataclasses.replace(args, options=OPTIMIZERS[name].options(frequency=2))
     data = batches(5)
@@ -84,12 +89,12 @@ def test_race_and_train_build_the_same_optimizer(name):
     cfg = build_config({"optim": {"name": name}})
     validate(cfg)
     net = small_net()
-    trained = recipe_build_optimizer(cfg, net, 0.03, 7)
+    trained = optimizer_from_config(cfg, net, 0.03, 7)
     raced = builtin_racer(name, cfg).build(small_net(), 0.03, 7, cfg.train.epochs)
     assert type(trained) is type(raced)
     assert [{k: v for k, v in g.items() if k != "params"} for g in trained.param_groups] == \
         [{k: v for k, v in g.items() if k != "params"} for g in raced.param_groups]
-    assert builtin_racer(name, cfg).lrs == OPTIMIZERS[name].lr_grid and len(OPTIMIZERS[name].lr_grid) >= 3
+    assert builtin_racer(name, cfg).lrs == race_policy(name).lr_grid and len(race_policy(name).lr_grid) >= 3
 
 
 def test_thor_option_that_is_not_a_thor_option_is_one_line_before_anything_is_built(capsys):
@@ -103,7 +108,7 @@ def test_nesterov_applies_to_thor_in_train_and_race():
     """Regression: optim.nesterov=true was recorded for THOR, ignored by train and honoured by race."""
     cfg = build_config({"optim": {"name": "thor", "nesterov": True}})
     validate(cfg)
-    trained = recipe_build_optimizer(cfg, small_net(), 0.03, 7)
+    trained = optimizer_from_config(cfg, small_net(), 0.03, 7)
     raced = builtin_racer("thor", cfg).build(small_net(), 0.03, 7, 1)
     assert all(g["nesterov"] for g in trained.param_groups) and all(g["nesterov"] for g in raced.param_groups)
 
@@ -114,6 +119,49 @@ def test_an_option_adamw_cannot_honour_is_refused(key, value, capsys):
     unset = [] if key == "momentum" else ["--set", "optim.momentum=null"]  # the default recipe sets momentum
     assert main(["train", "--set", "optim.name=adamw", *unset, "--set", f"optim.{key}={value}"]) == 2
     assert f"optim.{key}" in capsys.readouterr().err
+
+
+def test_race_policy_names_registered_optimizers_with_grids_of_three():
+    assert set(RACE_POLICY) <= set(OPTIMIZERS)
+    assert all(len(race_policy(name).lr_grid) >= 3 for name in OPTIMIZERS)
+
+
+@dataclasses.dataclass
+class ThrowawayOptions:
+    beta: float = option(0.5, gt=0, lt=1, help="the momentum it steps with")
+    style: str = option("plain", choices=("plain", "fancy"), help="a choice")
+
+
+def _throwaway(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    return torch.optim.SGD(param_groups(model, a.weight_decay), lr=a.lr, momentum=a.options.beta)
+
+
+@pytest.fixture
+def throwaway():
+    """An optimizer with an options dataclass, registered at test time: one registry line, no recipe/ edit."""
+    register(OptimizerEntry("throwaway", "a test optimizer with options", _throwaway, options=ThrowawayOptions))
+    yield
+    unregister("throwaway")
+
+
+@pytest.mark.parametrize("bad,says", [("optim.throwaway.beta=2", "optim.throwaway.beta must be > 0 and < 1, got 2"),
+                                      ("optim.throwaway.style=odd", "optim.throwaway.style='odd' is not one of"),
+                                      ("optim.throwaway.betta=0.2", "unknown config key 'optim.throwaway.betta'")])
+def test_a_new_optimizer_with_options_needs_no_recipe_config_edit(throwaway, bad, says, capsys):
+    base = ["train", "--print-config", "--set", "optim.name=throwaway", "--set", "optim.momentum=null"]
+    assert main([*base, "--set", bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert main([*base, "--set", "optim.throwaway.beta=0.8"]) == 0
+    assert "throwaway:\n    beta: 0.8\n    style: plain" in capsys.readouterr().out  # defaults shown
+    cfg = load_config(None, ["optim.name=throwaway", "optim.throwaway={beta: 0.8}"])
+    opt = optimizer_from_config(cfg, small_net(), 0.1)
+    assert type(opt) is torch.optim.SGD and opt.param_groups[0]["momentum"] == 0.8
+    assert builtin_racer("throwaway", cfg).lrs == DEFAULT_LR_GRID  # races with the default grid
+    assert [r.key for r in select(["optim.throwaway"])] == ["optim.throwaway.beta", "optim.throwaway.style"]
+    assert "\n  throwaway:\n    beta: 0.5\n" in dump_config(load_config(None, []))  # every section, at its defaults
+    with pytest.raises(Exception, match="optim.throwaway is set but optim.name=sgd does not use it"):
+        load_config(None, ["optim.throwaway.beta=0.9"])
 
 
 def test_print_config_shows_thor_defaults(capsys):
@@ -209,7 +257,7 @@ def _tiny_source(kind: str, root: Path) -> Path:
 
 
 # --- the tables cannot drift: nothing outside a registry names what it registers -------------------
-REGISTRY_MODULES = {"optimizer": {"torchboost/optim/registry.py"},
+REGISTRY_MODULES = {"optimizer": {"torchboost/optim/registry.py", "torchboost/recipe/optimizers.py"},
                     "data-set kind": {"torchboost/recipe/kinds.py", "torchboost/data/builtin.py"},
                     "weight format": {"torchboost/migrate/formats.py", "torchboost/train/checkpoint.py"}}
 # The same words used for other things (each reviewed): not an optimizer/kind/format name.
@@ -229,7 +277,7 @@ def _names() -> dict[str, set[str]]:
 def _literals(path: Path):
     tree = ast.parse(path.read_text())
     exported = {id(n) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+                and any(isinstance(t, ast.Name) and t.id in ("__all__", "_EXPORTS") for t in node.targets)
                 for n in ast.walk(node.value)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in exported:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from torchboost.errors import ConfigError
 from torchboost.optim.muon import muon_optimizer
-from torchboost.optim.registry import OptimizerArgs, ThorRecipeOptions, thor_kwargs
+from torchboost.recipe.optimizers import ThorRecipeOptions, thor_per_update
 from torchboost.optim.thor import THOR, thor_muon
 from thor_nets import batch, direction, linear_stats, mlp, train_step
 
@@ -58,7 +58,7 @@ def test_thor_muon_switched_at_update_zero_is_muon():
 def test_the_recipe_key_is_in_epochs_and_resume_keeps_the_phase():
     options = dataclasses.replace(ThorRecipeOptions(), first_order_epoch=1.5, frequency=1, damping=LAM,
                                   split_dim=None)
-    kw = thor_kwargs(OptimizerArgs(lr=LR, options=options, updates_per_epoch=4, epochs=3))
+    kw = dataclasses.asdict(thor_per_update(options, updates_per_epoch=4, epochs=3))
     assert kw["first_order_after"] == 6
     net = mlp()
     opt = THOR(net, lr=LR, momentum=MU, **kw)
@@ -86,10 +86,9 @@ def test_a_bad_switch_is_one_line(bad):
 def test_a_damping_decay_above_one_grows_the_damping_by_its_formula():
     """damping_decay > 1: damping(e) = damping · decay^(e/10), e = (i + 1) / updates per epoch for update i (as
     MindSpore's loop has it); a value that overflows float32 within the run is a one-line error, not inf."""
-    a = OptimizerArgs(0.1, options=ThorRecipeOptions(damping=0.1, damping_decay=30.0), updates_per_epoch=4, epochs=8)
-    d = np.asarray(thor_kwargs(a)["damping"], np.float64)
+    d = np.asarray(thor_per_update(ThorRecipeOptions(damping=0.1, damping_decay=30.0), 4, epochs=8).damping,
+                   np.float64)
     assert d.shape == (32,)
     np.testing.assert_allclose(d, 0.1 * 30.0 ** ((np.arange(32) + 1) / 4 / 10), rtol=1e-6)
-    huge = dataclasses.replace(a, options=ThorRecipeOptions(damping=0.1, damping_decay=1e6), epochs=1000)
     with pytest.raises(ConfigError, match="past the float range"):
-        thor_kwargs(huge)
+        thor_per_update(ThorRecipeOptions(damping=0.1, damping_decay=1e6), 4, epochs=1000)

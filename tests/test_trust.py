@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import io
 import os
-import signal
 import zipfile
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from bounded import within
 from torchboost.cli import main
 from torchboost.data.shardfiles import expand_shards
 from torchboost.errors import CheckpointError, ConfigError, DataError, printable
@@ -31,24 +31,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = ["-c", "digits-lenet", "-b", "256", "--set", "train.progress_bar=false"]  # 5 updates an epoch
 
 
-@contextlib.contextmanager
-def alarm(seconds: int = 60):
-    def hang(*_):
-        raise TimeoutError(f"no answer in {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, hang)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def cli(*argv, seconds: int = 60) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of the real entry point, in this process, under an alarm."""
+    """(exit code, stdout, stderr) of the real entry point, in this process, under an alarm (`bounded.within`:
+    its Hang is no OSError, so the CLI cannot turn a hang into a one-line refusal)."""
     out, err = io.StringIO(), io.StringIO()
-    with alarm(seconds), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with within(seconds, argv), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([str(a) for a in argv])
     return code, out.getvalue(), err.getvalue()
 
@@ -247,11 +234,11 @@ def test_a_torch_file_whose_records_inflate_is_refused_before_reading(trained, t
 
 
 def test_a_pattern_naming_a_billion_shards_is_refused_before_expanding():
-    with alarm(5), pytest.raises(DataError, match="names 1,000,000,000 shards"):
+    with within(5), pytest.raises(DataError, match="names 1,000,000,000 shards"):
         expand_shards("train-{000000000..999999999}.tar")
-    with alarm(5), pytest.raises(DataError, match="names 1,000,000,000,000 shards"):
+    with within(5), pytest.raises(DataError, match="names 1,000,000,000,000 shards"):
         expand_shards("{0..999999}{0..999999}")
-    with alarm(5), pytest.raises(DataError, match="nests braces over 32 deep"):
+    with within(5), pytest.raises(DataError, match="nests braces over 32 deep"):
         expand_shards("{" * 40 + "a,b" + "}" * 40)
 
 
@@ -376,3 +363,21 @@ def test_error_messages_are_one_line_whatever_the_names():
     err = DataError("class folder a\nb\r\x1b[31m\u202eevil", "fix\u2028it")
     assert "\n" not in str(err) and "\x1b" not in str(err) and "\u202e" not in str(err) and "\u2028" not in str(err)
     assert printable("naïve 名前") == "naïve 名前"  # printable text of any script is left alone
+
+
+def test_the_environment_cannot_break_the_plots(tmp_path, monkeypatch):
+    """MPLBACKEND naming a backend matplotlib does not know (or a GUI one) failed the run after its first
+    epoch with a traceback; the tool only writes PNGs, on the file-only backend."""
+    from torchboost.plotting import pyplot
+
+    monkeypatch.setenv("MPLBACKEND", "bogus")
+    plt = pyplot()
+    assert plt.get_backend().lower() == "agg" and os.environ["MPLBACKEND"] == "bogus"
+    code, _, err = cli("train", *FAST, "--epochs", 1, "-o", tmp_path / "run")
+    assert code == 0 and "Traceback" not in err and (tmp_path / "run" / "history.png").stat().st_size > 0
+
+
+def test_a_dangling_output_link_says_so(tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "missing")
+    assert "is a link to" in refused("train", *FAST, "--epochs", 1, "-o", tmp_path / "out")
+    assert not (tmp_path / "missing").exists()

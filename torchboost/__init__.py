@@ -3,26 +3,48 @@
 Progressive disclosure: `Model(net, loss_fn, optimizer).train(epochs, data)` for the common case,
 `TrainStep` to customise one update, and every piece (THOR, EMA, Adasum, callbacks) usable alone.
 `torchboost.recipe` runs whole jobs from YAML recipes (what the `torchboost` command does).
+
+The names below are imported from their modules on first use (`torchboost.Model` imports the training
+library then): `import torchboost` and the `torchboost` command's start import no torch, so
+`torchboost --help` answers at once. `_EXPORTS` is the one list of them; `__all__` is its keys.
 """
+
+from __future__ import annotations
+
+import importlib
 
 from torchboost.errors import (CheckpointError, ConfigError, DataError, DistributedError, OutputError,
                                TorchboostError, TrainingError)
-from torchboost.losses import CrossEntropySmooth
-from torchboost.models import create_model, list_models
-from torchboost.optim import THOR, get_thor_damping, get_thor_lr, thor
-from torchboost.seed import seed_everything
-from torchboost.train import (Callback, CheckpointConfig, DataStarvationMonitor, DynamicLossScaleManager,
-                              EarlyStopping, FixedLossScaleManager, History, LossMonitor, Model, ModelCheckpoint,
-                              ModelEMA, ProfilerCallback, ProgressBar, StepHook, TensorBoard, TimeMonitor,
-                              TrainState, TrainStep)
 
 __version__ = "0.1.0"
 
+# public name -> the module it is imported from on first use
+_EXPORTS = {
+    "CrossEntropySmooth": "torchboost.losses",
+    "create_model": "torchboost.models", "list_models": "torchboost.models",
+    "THOR": "torchboost.optim", "thor": "torchboost.optim", "get_thor_lr": "torchboost.optim",
+    "get_thor_damping": "torchboost.optim",
+    "seed_everything": "torchboost.seed",
+    **dict.fromkeys(("Model", "TrainStep", "StepOptions", "TrainState", "StepHook", "Callback", "LossMonitor",
+                     "TimeMonitor", "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",
+                     "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "FixedLossScaleManager",
+                     "DynamicLossScaleManager"), "torchboost.train"),
+}
+
 __all__ = [
     "__version__", "TorchboostError", "ConfigError", "DataError", "CheckpointError", "DistributedError",
-    "OutputError", "TrainingError",
-    "CrossEntropySmooth", "create_model", "list_models", "THOR", "thor", "get_thor_lr", "get_thor_damping",
-    "seed_everything", "Model", "TrainStep", "TrainState", "StepHook", "Callback", "LossMonitor", "TimeMonitor",
-    "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",
-    "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "FixedLossScaleManager", "DynamicLossScaleManager",
+    "OutputError", "TrainingError", *_EXPORTS,
 ]
+
+
+def __getattr__(name: str):
+    """A name of `_EXPORTS`, imported from its module the first time it is read (then a plain attribute)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'torchboost' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -40,38 +40,34 @@ def data_overrides(recipe: Optional[str], data: Optional[str], overrides: Sequen
                    ) -> tuple[list[str], Optional[str]]:
     """`overrides` plus what `--data FOLDER` means (data.path; when the recipe's data set is built in and reads
     no path, also data.dataset=folder: "this image folder instead"), and the note saying so, or None."""
-    from .recipe.config import build_config, read_yaml, resolve_recipe
-    from .recipe.kinds import FOLDER, get_kind
+    from .recipe.load import recipe_with_data
 
-    overrides, note = list(overrides), None
     if not data:
-        return overrides, None
-    dataset = build_config(read_yaml(resolve_recipe(recipe)), overrides).data.dataset
-    if not get_kind(dataset).needs_path:
-        note = (f"note: --data {data}: training on that image folder (data.dataset={FOLDER}) instead of the "
-                f"recipe's built-in {dataset}")
-        overrides.append(f"data.dataset={FOLDER}")
-    overrides.append(f"data.path={data}")
+        return list(overrides), None
+    _, overrides, note = recipe_with_data(recipe, overrides, data)
     return overrides, note
 
 
 def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
     """(config, output folder, overwrite, checkpoint to resume or None) for `train`'s arguments."""
     from .errors import ConfigError
-    from .recipe.load import load_config
+    from .recipe.load import recipe_with_data
     from .recipe.resume import AUTO, plan_resume, restarted_by_torchrun
+    from .recipe.validate import validate
 
     say = log if main_process() else (lambda _: None)  # every process plans; one says what it planned
-    overrides, note = data_overrides(args.config, args.data, train_overrides(args))
     if args.output is not None and not args.output.strip():
         raise ConfigError("-o/--output is empty", "give a folder, or leave -o out for runs/<recipe name>")
     restarted = args.resume is None and restarted_by_torchrun()
     resume = AUTO if restarted else args.resume
     overwrite = args.overwrite and not restarted  # the first attempt replaced the old run; restarts continue it
     if not resume:
+        cfg, _, note = recipe_with_data(args.config, train_overrides(args), args.data)  # the recipe built once
         if note:
             say(note)
-        return load_config(args.config, overrides), args.output, overwrite, None
+        validate(cfg)  # the one pass (train_from_config does not repeat it: recipe.validate.validated)
+        return cfg, args.output, overwrite, None
+    overrides, note = data_overrides(args.config, args.data, train_overrides(args))
     # the run's own folder and recorded config (+ --set), see recipe.resume
     plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, say)
     if note and plan.checkpoint is None:  # `auto` found nothing to continue: a new run, told what it reads
@@ -180,15 +176,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_recipes(args: argparse.Namespace) -> int:
     import itertools
 
-    from .recipe.config import list_recipes, resolve_recipe
+    from .recipe.config import find_recipe, list_recipes
 
     if args.action == "show":
         if not args.name:
             raise TorchboostError("`torchboost recipes show` needs a recipe name", "run `torchboost recipes` to list them")
-        print(resolve_recipe(args.name).read_text(), end="")
+        print(find_recipe(args.name).read_text(), end="")
     else:
         for name in list_recipes():  # each recipe's opening comment says what it trains: its first sentence
-            lines = resolve_recipe(name).read_text().splitlines()
+            lines = find_recipe(name).read_text().splitlines()
             text = " ".join(l.lstrip("# ").strip() for l in itertools.takewhile(lambda l: l.startswith("#"), lines))
             first = text.split(". ")[0].split(": ")[0].rstrip(".")
             if first.count("(") > first.count(")"):  # cut where a parenthesis opens but does not close
@@ -329,7 +325,34 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes get the same one-line `error: ...` as every other error (exit 2), not a usage dump."""
+    """Usage mistakes get the same one-line `error: ...` as every other error (exit 2), not a usage dump.
+
+    A subcommand whose arguments read a registry or torch (the optimizer table's names, the built-in sets,
+    bench's models) gives them as `later=add(parser)`: they are added when that subcommand is used, its
+    arguments parsed or its help printed, so `torchboost --help` and the other subcommands start without
+    importing the registries (and torch). `complete()` adds them at once, for code that reads the actions."""
+
+    def __init__(self, *args, later: Optional[Callable[[argparse.ArgumentParser], None]] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._later = later
+
+    def complete(self) -> OneLineParser:
+        later, self._later = self._later, None
+        if later is not None:
+            later(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self.complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.complete()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.complete()
+        return super().format_help()
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"error: {message} — see `{self.prog} --help`\n")
@@ -353,11 +376,10 @@ positive_int = int_between(1, 2**31 - 1)
 DIAGNOSTIC_BATCH = int_between(1, 1024)  # align / debug-layers look at one batch: its activations are kept
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(complete: bool = False) -> argparse.ArgumentParser:
+    """The `torchboost` parser. Subcommands whose arguments read a registry add them when used (see
+    OneLineParser); `complete=True` adds them all now (for code that inspects every subcommand's actions)."""
     from . import __version__
-    from .data.builtin import BUILTIN_SETS
-    from .optim.registry import OPTIMIZERS
-    from .recipe.kinds import DEFAULT_KIND
 
     p = OneLineParser(prog="torchboost", description="Train image classifiers faster on PyTorch.")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -431,9 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--markdown", action="store_true", help="the whole reference as Markdown (docs/CONFIG.md)")
     o.set_defaults(func=_cmd_options)
 
-    x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder")
-    x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
-    x.add_argument("--out", required=True, help="folder to write OUT/train/<class>/*.png and OUT/test/")
+    x = sub.add_parser("export-folder", help="write a built-in data set as an ImageNet-style image folder",
+                       later=_export_folder_arguments)
     x.set_defaults(func=_cmd_export_folder)
 
     xs = sub.add_parser("export-shards", help="write an image folder as WebDataset tar shards (for data.dataset=shards)")
@@ -499,14 +520,37 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", metavar="OUT.json", help="also write the statistics as JSON")
     g.set_defaults(func=_cmd_debug_layers)
 
-    rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy")
+    rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy", later=_race_arguments)
+    rc.set_defaults(func=_cmd_race)
+
+    b = sub.add_parser("bench", help="training-step and data-pipeline images/s, and which one limits",
+                       later=_bench_arguments)
+    b.set_defaults(func=_cmd_bench)
+    if complete:
+        for parser in sub.choices.values():
+            parser.complete()
+    return p
+
+
+def _export_folder_arguments(x: argparse.ArgumentParser) -> None:
+    from .data.builtin import BUILTIN_SETS
+    from .recipe.kinds import DEFAULT_KIND
+
+    x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
+    x.add_argument("--out", required=True, help="folder to write OUT/train/<class>/*.png and OUT/test/")
+
+
+def _race_arguments(rc: argparse.ArgumentParser) -> None:
+    from .optim.registry import OPTIMIZERS
+    from .recipe.optimizers import default_racers
+
     rc.add_argument("--config", "-c", default="mnist-lenet-thor", help="recipe name or YAML path")
     rc.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     rc.add_argument("--data", help="data folder/file, as for train (sets data.path; with a built-in data set, races "
                                    "on the image folder instead)")
     rc.add_argument("--batch-size", "-b", type=positive_int, help="shortcut for --set data.batch_size=N (aim at 10 or "
                                                                    "more updates per epoch)")
-    racers = [n for n, e in OPTIMIZERS.items() if e.race_default]
+    racers = default_racers()
     rc.add_argument("--optimizers", nargs="+", default=racers, metavar="NAME", choices=list(OPTIMIZERS),
                     help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
@@ -521,14 +565,18 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
     rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
-    rc.set_defaults(func=_cmd_race)
 
-    from .bench import add_arguments, cmd_bench  # light: torch is imported by the package already
 
-    b = sub.add_parser("bench", help="training-step and data-pipeline images/s, and which one limits")
+def _bench_arguments(b: argparse.ArgumentParser) -> None:
+    from .bench import add_arguments
+
     add_arguments(b)
-    b.set_defaults(func=cmd_bench)
-    return p
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import cmd_bench
+
+    return cmd_bench(args)
 
 
 def _one_line(e: TorchboostError) -> str:

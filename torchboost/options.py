@@ -1,7 +1,9 @@
 """The one rule language for options: dataclass fields that carry their own rules, and the checks.
 
-A field is declared with `opt(default, choices=..., ge=..., gt=..., le=..., lt=...)`; the rules live in
-the dataclass field's metadata. The recipe config, THOR's options, every optimizer's options and boost's
+A field is declared with `option(default, choices=..., ge=..., gt=..., le=..., lt=...)`; the rules live in
+the dataclass field's metadata. A field declared with `sections(...)` holds named option sections (name ->
+options dataclass instance) that a config writes flat in its parent (`optim.thor.frequency`), so a registry
+can add a section without a field of its own. The recipe config, THOR's options, every optimizer's options and boost's
 per-algorithm options are all declared this way, so one checker produces one kind of error message, and
 `--print-config`, docs and the bad-value test sweep read one schema instead of parallel hand-written lists.
 It lives in the library (not in `recipe/`) so that library classes can check their own options.
@@ -11,12 +13,13 @@ ours; pydantic would add a dependency for the same result.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
 import typing
 from dataclasses import field
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 from torchboost.errors import ConfigError, suggest
 
@@ -24,18 +27,37 @@ _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
 
 
-def opt(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-        choices: Sequence[Any] | None = None, help: str = "", **bounds: float) -> Any:
-    """A dataclass field with rules: `choices` (allowed values) and bounds `ge`/`gt`/`le`/`lt` (numbers,
+def option(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
+           choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None, help: str = "",
+           **bounds: float) -> Any:
+    """A dataclass field with rules: `choices` (allowed values; or a function returning them, read at each
+    check, for a registry that can grow after the class is defined) and bounds `ge`/`gt`/`le`/`lt` (numbers,
     or every number of a list). Numbers must also be finite. `help`: one line of meaning, shown by
     `torchboost options` and docs/CONFIG.md."""
     unknown = set(bounds) - set(_BOUNDS)
     if unknown:
         raise TypeError(f"unknown rule(s) {sorted(unknown)}")
-    meta = {"choices": tuple(choices) if choices is not None else None, "help": help, **bounds}
+    meta = {"choices": choices if choices is None or callable(choices) else tuple(choices), "help": help, **bounds}
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def sections(factory: Callable[[], dict[str, Any]], help: str = "") -> Any:
+    """A field of named option sections, {name: options dataclass instance}, written flat in the parent
+    (`optim: {thor: {...}}`, not `optim: {sections: {thor: {...}}}`): `leaf_fields` yields their fields as
+    `PARENT.NAME.FIELD` and `plain` writes them so. `factory` returns every section with its defaults."""
+    return field(default_factory=factory, metadata={"sections": True, "help": help})
+
+
+def is_sections(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("sections"))
+
+
+def choices_of(f: dataclasses.Field) -> tuple[Any, ...] | None:
+    """A field's allowed values (None: any), calling the function given as `choices` if it was one."""
+    choices = f.metadata.get("choices")
+    return tuple(choices()) if callable(choices) else choices
 
 
 def _number(b: float) -> str:
@@ -45,8 +67,9 @@ def _number(b: float) -> str:
 def describe_rules(f: dataclasses.Field) -> str:
     """'one of a, b' / '>= 0 and < 1' / '' for a field's rules (used in error messages and docs)."""
     meta = f.metadata
-    if meta.get("choices"):
-        return "one of " + ", ".join(str(c) for c in meta["choices"])
+    choices = choices_of(f)
+    if choices:
+        return "one of " + ", ".join(str(c) for c in choices)
     parts = [f"{_BOUNDS[k][0]} {_number(meta[k])}" for k in _BOUNDS if meta.get(k) is not None]
     return " and ".join(parts)
 
@@ -100,7 +123,7 @@ def check_rules(value: Any, f: dataclasses.Field, where: str) -> None:
     if value is None:
         return
     meta = f.metadata
-    choices = meta.get("choices")
+    choices = choices_of(f)
     for v in (value if isinstance(value, list) else [value]) if choices else ():
         if v not in choices:  # a list field's choices apply to each item
             raise ConfigError(f"{where}={v!r} is not one of {', '.join(str(c) for c in choices)}",
@@ -118,14 +141,37 @@ def check_rules(value: Any, f: dataclasses.Field, where: str) -> None:
 
 
 def leaf_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any, Any]]:
-    """(dotted key, field, type hint, value) of every non-section field of a config tree, in order."""
+    """(dotted key, field, type hint, value) of every non-section field of a config tree, in order. The
+    sections of a `sections` field are walked as if they were fields of the parent; a section given as a
+    mapping (in Python) is one leaf of type dict, left to the check of whoever owns that section."""
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
+        if is_sections(f):
+            for name, section in value.items():
+                if dataclasses.is_dataclass(section):
+                    yield from leaf_fields(section, f"{prefix}{name}.")
+                else:
+                    yield f"{prefix}{name}", f, dict, section
+        elif dataclasses.is_dataclass(value):
             yield from leaf_fields(value, f"{prefix}{f.name}.")
         else:
             yield f"{prefix}{f.name}", f, hints[f.name], value
+
+
+def plain(obj: Any) -> Any:
+    """A config tree as plain data (dicts, lists, scalars; what a YAML file holds), with the sections of a
+    `sections` field written flat in their parent: the inverse of reading the tree from a file."""
+    if not dataclasses.is_dataclass(obj):
+        return copy.deepcopy(obj)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if is_sections(f):
+            out.update({name: plain(section) for name, section in value.items()})
+        else:
+            out[f.name] = plain(value)
+    return out
 
 
 def check_options(values: Mapping[str, Any], cls: type, where: str) -> dict[str, Any]:

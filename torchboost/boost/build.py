@@ -7,7 +7,7 @@ exist):
     log(plan.describe())                                                                 # training start
     net, hooks = build_boost(plan, net, total_steps=updates_per_epoch * epochs, world_size=info.world_size,
                              seed=cfg.train.seed)                                        # same seed on all ranks
-    optimizer = boost_optimizer(plan, net) or build_optimizer(cfg, net, lr)              # DimReduce or yours
+    optimizer = boost_optimizer(plan, net) or optimizer_from_config(cfg, net, lr)        # DimReduce or yours
     ema = build_ema(cfg, net); wrap DDP unless Adasum is among the hooks (it needs unwrapped models)
     TrainStep(..., hooks=hooks, accumulation=plan.grad_accumulation_step)
 

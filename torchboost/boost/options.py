@@ -1,6 +1,6 @@
 """Per-algorithm boost options: MindSpore's keys and defaults, with range checks MindSpore lacks.
 
-Declared in the project's one rule language (`torchboost.options.opt`): the recipe's `boost.config` and a
+Declared in the project's one rule language (`torchboost.options.option`): the recipe's `boost.config` and a
 class built in Python get the same checks and the same one-line errors.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Union
 
-from torchboost.options import check_fields, opt
+from torchboost.options import check_fields, option
 
 
 class _Checked:
@@ -28,9 +28,9 @@ class CommonOptions(_Checked):
     (informational: torchboost takes the world size from torch.distributed)."""
 
     where: ClassVar[str] = "boost.config.common"
-    gradient_split_groups: list[int] = opt(factory=list, ge=1, help="parameter indices where gradient all-reduce "
-                                                                       "groups split; empty: DDP's buckets")
-    device_number: int = opt(8, ge=1, help="devices per node (informational: the world size comes from torchrun)")
+    gradient_split_groups: list[int] = option(factory=list, ge=1, help="parameter indices where gradient all-reduce "
+                                                                          "groups split; empty: DDP's buckets")
+    device_number: int = option(8, ge=1, help="devices per node (informational: the world size comes from torchrun)")
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class LessBNOptions(_Checked):
     none on a model without BatchNorm, where it slows learning (see less_bn.py). true/false force it."""
 
     where: ClassVar[str] = "boost.config.less_bn"
-    fn_flag: Union[bool, str] = opt("auto", choices=(True, False, "auto"),
-                                    help="the cosine FN classifier head; auto: where LessBN removes BatchNorms")
-    gc_flag: bool = opt(True, help="gradient centralization on convolution weights")
+    fn_flag: Union[bool, str] = option("auto", choices=(True, False, "auto"),
+                                       help="the cosine FN classifier head; auto: where LessBN removes BatchNorms")
+    gc_flag: bool = option(True, help="gradient centralization on convolution weights")
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,10 @@ class GradFreezeOptions(_Checked):
 
     where: ClassVar[str] = "boost.config.grad_freeze"
     # >= 2: with one training set (the whole network) nothing is ever frozen - MindSpore says nothing
-    param_groups: int = opt(10, ge=2, help="how many training sets the network is split into")
-    freeze_type: int = opt(1, choices=(0, 1), help="freezing schedule: 0 cyclic, 1 random interval")
-    freeze_p: float = opt(0.7, gt=0, lt=1, help="share of steps that train the whole network")
-    total_steps: int = opt(65536, ge=1, help="length of the freezing schedule (it repeats after that)")
+    param_groups: int = option(10, ge=2, help="how many training sets the network is split into")
+    freeze_type: int = option(1, choices=(0, 1), help="freezing schedule: 0 cyclic, 1 random interval")
+    freeze_p: float = option(0.7, gt=0, lt=1, help="share of steps that train the whole network")
+    total_steps: int = option(65536, ge=1, help="length of the freezing schedule (it repeats after that)")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class GradAccumulationOptions(_Checked):
     """`grad_accumulation`: micro-batches per optimizer update (the TrainStep does the accumulation)."""
 
     where: ClassVar[str] = "boost.config.grad_accumulation"
-    grad_accumulation_step: int = opt(1, ge=1, help="micro-batches per optimizer update")
+    grad_accumulation_step: int = option(1, ge=1, help="micro-batches per optimizer update")
 
 
 @dataclass(frozen=True)
@@ -74,15 +74,15 @@ class DimReduceOptions(_Checked):
     MindSpore compatibility: torchboost never waits on per-rank basis files (every rank gets P in memory)."""
 
     where: ClassVar[str] = "boost.config.dim_reduce"
-    rho: float = opt(0.55, gt=0, lt=1, help="line-search step base")
-    gamma: float = opt(0.9, ge=0, lt=1, help="momentum of the residual update")
-    alpha: float = opt(0.001, ge=0, help="step size of the residual update")
-    sigma: float = opt(0.4, gt=0, lt=1, help="Armijo constant of the line search")
-    n_components: int = opt(32, ge=1, help="size of the PCA subspace")
-    pca_mat_path: Optional[str] = opt(None, help="the PCA basis file: read when it exists, else computed and saved there")
-    weight_load_dir: Optional[str] = opt(None, help="the first stage's checkpoint folder the basis is "
-                                                                "computed from")
-    timeout: int = opt(1800, gt=0, help="accepted for MindSpore compatibility (nothing waits on basis files)")
+    rho: float = option(0.55, gt=0, lt=1, help="line-search step base")
+    gamma: float = option(0.9, ge=0, lt=1, help="momentum of the residual update")
+    alpha: float = option(0.001, ge=0, help="step size of the residual update")
+    sigma: float = option(0.4, gt=0, lt=1, help="Armijo constant of the line search")
+    n_components: int = option(32, ge=1, help="size of the PCA subspace")
+    pca_mat_path: Optional[str] = option(None, help="the PCA basis file: read when it exists, else computed and saved there")
+    weight_load_dir: Optional[str] = option(None, help="the first stage's checkpoint folder the basis is "
+                                                                   "computed from")
+    timeout: int = option(1800, gt=0, help="accepted for MindSpore compatibility (nothing waits on basis files)")
 
 
 @dataclass(frozen=True)
@@ -91,4 +91,4 @@ class AdasumOptions(_Checked):
     `hierarchical`: average within each node, Adasum across nodes (see torchboost.boost.adasum)."""
 
     where: ClassVar[str] = "boost.config.adasum"
-    hierarchical: bool = opt(False, help="average within each node, Adasum across nodes")
+    hierarchical: bool = option(False, help="average within each node, Adasum across nodes")

@@ -21,10 +21,7 @@ import torch
 
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.fileio import atomic_path
-from torchboost.migrate.formats import FORMATS, TORCH
 from torchboost.train.checkpoint import torch_load
-
-CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # a first stage's torchboost checkpoints
 
 
 def build_pca_basis(weights: Sequence, n_components: int, names: Sequence[str] | None = None) -> torch.Tensor:
@@ -60,8 +57,11 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
     if not folder.is_dir():
         raise ConfigError(f"dim_reduce weight_load_dir {folder} is not a folder",
                           "point it at the checkpoint folder of the first training stage")
+    from torchboost.migrate.formats import FORMATS, TORCH  # the weight-format registry, loaded when used
+
+    suffixes = FORMATS[TORCH].suffixes  # a first stage's torchboost checkpoints
     return sorted(p for p in folder.iterdir()
-                  if p.suffix in CHECKPOINT_SUFFIXES and p.is_file() and not p.name.endswith("-best.pt"))
+                  if p.suffix in suffixes and p.is_file() and not p.name.endswith("-best.pt"))
 
 
 def load_state_dict(path: str | Path) -> Mapping[str, torch.Tensor]:

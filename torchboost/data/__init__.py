@@ -1,26 +1,34 @@
-"""Data sets (built-in, image folders, MNIST files, synthetic), transforms, sharded sampling and loaders."""
+"""Data sets (built-in, image folders, MNIST files, synthetic), transforms, sharded sampling and loaders.
+
+WebDataset shards (`shards`, `shardfiles`, `shardoffsets`, `braces`) and the exporters (`export`) are imported
+when first used (`_EXPORTS` names what comes from them): a run on a built-in set or a folder never loads them.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchboost.data.builtin import load_builtin
-from torchboost.data.export import export_folder, export_shards
 from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, set_epoch
-from torchboost.data.shards import ShardDataset, ShardLoader, open_shards, shard_loader
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset, passthrough_collate
 from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, EvalTransform, FlipTransform,
                                         ImageTransform, ShiftTransform, TrainTransform, eval_transform,
                                         normalize_batch, train_transform)
 
+# public name -> the module it is imported from on first use
+_EXPORTS = {"export_folder": "torchboost.data.export", "export_shards": "torchboost.data.export",
+            "ShardDataset": "torchboost.data.shards", "ShardLoader": "torchboost.data.shards",
+            "open_shards": "torchboost.data.shards"}
+
 __all__ = [
-    "build_loader", "read_image", "load_builtin", "export_folder", "export_shards", "ShardDataset", "ShardLoader",
-    "open_shards", "set_epoch", "ImageFolder", "sample_folder",
+    "build_loader", "read_image", "load_builtin", *_EXPORTS, "set_epoch", "ImageFolder", "sample_folder",
     "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
     "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
@@ -37,10 +45,13 @@ def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int
     python/numpy/torch RNGs are seeded by torch from the loader's generator (seeded here from seed and
     rank); augmentation uses `sample_rng`, independent of workers. A ShardDataset gets a `ShardLoader`
     (see `torchboost.data.shards` for how shards are split)."""
-    if isinstance(dataset, ShardDataset):
-        return shard_loader(dataset, batch_size, train, workers=workers, pin_memory=pin_memory, seed=seed, rank=rank,
-                            world_size=world_size, persistent_workers=persistent_workers,
-                            prefetch_factor=prefetch_factor)
+    if isinstance(dataset, IterableDataset):  # a ShardDataset streams (the shard modules load only for one)
+        from torchboost.data.shards import ShardDataset, shard_loader
+
+        if isinstance(dataset, ShardDataset):
+            return shard_loader(dataset, batch_size, train, workers=workers, pin_memory=pin_memory, seed=seed,
+                                rank=rank, world_size=world_size, persistent_workers=persistent_workers,
+                                prefetch_factor=prefetch_factor)
     sampler = ShardSampler(len(dataset), rank, world_size, shuffle=train, seed=seed, drop_last=train)
     generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
     return DataLoader(
@@ -48,3 +59,16 @@ def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int
         collate_fn=passthrough_collate if getattr(dataset, "batched", False) else drop_missing_collate,
         pin_memory=pin_memory, generator=generator, persistent_workers=persistent_workers and workers > 0,
         prefetch_factor=prefetch_factor if workers > 0 else None)
+
+
+def __getattr__(name: str):
+    """A name of `_EXPORTS`, imported from its module the first time it is read (then a plain attribute)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'torchboost.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

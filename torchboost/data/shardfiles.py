@@ -31,10 +31,10 @@ from typing import IO
 
 from torchboost.data.braces import count_names
 from torchboost.data.folder import IMG_EXTENSIONS, FolderSample
+from torchboost.data.pipes import PIPE
 from torchboost.errors import DataError
 from torchboost.fileio import open_regular, read_regular
 
-PIPE = "pipe:"
 INDEX_NAME = "_info.json"
 IMAGE_FIELDS = tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
 MAX_MEMBER_BYTES = 64 * 2**20  # one encoded image; ImageNet's largest JPEG is ~15 MB

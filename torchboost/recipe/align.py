@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 from torchboost.errors import ConfigError
 from torchboost.migrate.align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
 from torchboost.migrate.align_report import AlignReport
-from torchboost.recipe.build import build_loss, build_model, build_optimizer, effective_lr
+from torchboost.recipe.build import build_loss, build_model, effective_lr, optimizer_from_config
 from torchboost.recipe.config import Config
 from torchboost.recipe.load import load_resolved
 from torchboost.seed import seed_everything
@@ -65,7 +65,7 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
     cfg, _, eval_ds = load_resolved(config, overrides)
     model, nm = _build(cfg), _name_map(name_map, cfg)
     batch = config_batch(cfg, eval_ds, batch_size, batch_source, cfg.train.seed)
-    kw = dict(loss_fn=build_loss(cfg), optimizer=lambda m: build_optimizer(cfg, m, effective_lr(cfg, 1)),
+    kw = dict(loss_fn=build_loss(cfg), optimizer=lambda m: optimizer_from_config(cfg, m, effective_lr(cfg, 1)),
               name_map=nm, seed=cfg.train.seed)
     if dump_ours:
         return dump_step(model, batch, dump_ours, **kw)
@@ -75,4 +75,4 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
         return align_modules(model, load_reference(reference), batch, single_step=single_step, **kw)
     ref_cfg = load_resolved(reference_config, reference_overrides)[0]
     return align_modules(model, _build(ref_cfg), batch, single_step=single_step, reference_loss_fn=build_loss(ref_cfg),
-                         reference_optimizer=lambda m: build_optimizer(ref_cfg, m, effective_lr(ref_cfg, 1)), **kw)
+                         reference_optimizer=lambda m: optimizer_from_config(ref_cfg, m, effective_lr(ref_cfg, 1)), **kw)

@@ -1,6 +1,6 @@
 """Config -> objects: model, loss, optimizer, lr schedule, loss scaling, EMA. No training logic here.
 
-Each builder reads a resolved, validated Config (see `recipe.resolve.resolve`: inferred keys filled in) and
+Each builder reads a resolved, validated Config (see `recipe.resolve.resolve_config`: inferred keys filled in) and
 never changes it.
 """
 
@@ -16,9 +16,9 @@ from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, training_bytes
 from torchboost.optim import build_lr_schedule, get_thor_lr
 from torchboost.optim.groups import scale_lr_of
-from torchboost.optim.registry import OptimizerArgs, get_optimizer
-from torchboost.optim.registry import build_optimizer as registry_build
+from torchboost.optim.registry import OptimizerArgs, build_optimizer, get_optimizer
 from torchboost.recipe.config import Config
+from torchboost.recipe.optimizers import library_options
 from torchboost.train.checkpoint import classifier_head
 from torchboost.train.ema import ModelEMA
 from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
@@ -59,20 +59,21 @@ def global_batch(cfg: Config, world_size: int) -> int:
 
 
 def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArgs:
-    """The registry's builder arguments from a config's `optim.*` (the same for `train` and `race`)."""
+    """The registry's builder arguments from a config's `optim.*` (the same for `train` and `race`): its
+    options section in updates (`recipe.optimizers.library_options`)."""
     o = cfg.optim
     entry = get_optimizer(o.name)
+    section = o.options.get(entry.options_key, {}) if entry.options_key else None
     return OptimizerArgs(lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
                          decay_bn_and_bias=o.decay_bn_and_bias, weight_decay_groups=dict(o.weight_decay_groups),
-                         options=getattr(o, entry.options_key) if entry.options_key else None,
-                         accumulation_steps=cfg.train.accumulation_steps, updates_per_epoch=steps_per_epoch,
-                         epochs=cfg.train.epochs)
+                         options=library_options(entry, section, steps_per_epoch, cfg.train.epochs),
+                         accumulation_steps=cfg.train.accumulation_steps)
 
 
-def build_optimizer(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
-    """`optim.name`'s registry entry built for `model` (torchboost.optim.registry), the classifier head at
-    `optim.head_lr_mult` times the lr."""
-    optimizer = registry_build(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
+def optimizer_from_config(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
+    """`optim.name`'s registry entry built for `model` (`torchboost.optim.registry.build_optimizer`), the
+    classifier head at `optim.head_lr_mult` times the lr."""
+    optimizer = build_optimizer(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
     if cfg.optim.head_lr_mult != 1:
         named = dict(model.named_parameters())
         scale_lr_of(optimizer, [named[n] for n in classifier_head(model)], cfg.optim.head_lr_mult, "classifier head")

@@ -4,14 +4,16 @@ Every key is checked as it is merged: an unknown key is an error that suggests t
 typo must never be ignored silently) and a value must have the field's type. The rules on values
 (choices, ranges, combinations) are checked by `recipe.validate.validate`; `recipe.load.load_config`
 runs both.
-Keys left at None are inferred from the data when the run starts (see `recipe.resolve.resolve`).
+Keys left at None are inferred from the data when the run starts (see `recipe.resolve.resolve_config`).
+Each optimizer's options section (`optim.thor`) is not a field here: `OptimConfig.options` holds one per
+section of the registered optimizers (`recipe.optimizers`), written flat under `optim` in a recipe.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -20,9 +22,10 @@ import yaml
 from torchboost.errors import ConfigError, suggest
 from torchboost.fileio import check_regular, read_regular
 from torchboost.models import list_models
-from torchboost.optim.registry import DEFAULT_OPTIMIZER, ThorRecipeOptions, list_optimizers
+from torchboost.optim.registry import DEFAULT_OPTIMIZER, list_optimizers
+from torchboost.options import check_type, is_sections, leaf_fields, option, plain, sections
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
-from torchboost.options import check_type, leaf_fields, opt
+from torchboost.recipe.optimizers import option_sections
 from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
@@ -32,175 +35,185 @@ MODELS = tuple(list_models())
 
 @dataclass
 class ModelConfig:
-    name: str = opt("mnist_cnn", choices=MODELS, help="the network")
-    num_classes: Optional[int] = opt(None, ge=1, help="classifier outputs; unset: the data's class count")
-    in_chans: Optional[int] = opt(None, ge=1, help="input channels; unset: the data's channel count")
-    zero_init_last_bn: bool = opt(False, help="ResNets: start each block's last BatchNorm scale at 0")
-    init: Optional[str] = opt(None, choices=("torchvision", "mindspore", "torch", "paddle"),
-                              help="weight initialisation of which framework; unset: the model's own")
-    padding: str = opt("torch", choices=("torch", "same"),
-                       help="ResNets: 'same' is MindSpore's pad_mode='same' (needed for its checkpoints' logits)")
-    small_input: Optional[bool] = opt(None, help="ResNets: 3x3 stride-1 stem without max-pool for 8-64 px "
-                                                 "images; unset: on for images <= 64 px")
-    channels_last: bool = opt(False, help="NHWC memory layout (faster convolutions on some CPUs and GPUs)")
-    compile: bool = opt(False, help="torch.compile the network (faster inference; slower CPU training here)")
+    name: str = option("mnist_cnn", choices=MODELS, help="the network")
+    num_classes: Optional[int] = option(None, ge=1, help="classifier outputs; unset: the data's class count")
+    in_chans: Optional[int] = option(None, ge=1, help="input channels; unset: the data's channel count")
+    zero_init_last_bn: bool = option(False, help="ResNets: start each block's last BatchNorm scale at 0")
+    init: Optional[str] = option(None, choices=("torchvision", "mindspore", "torch", "paddle"),
+                                 help="weight initialisation of which framework; unset: the model's own")
+    padding: str = option("torch", choices=("torch", "same"),
+                          help="ResNets: 'same' is MindSpore's pad_mode='same' (needed for its checkpoints' logits)")
+    small_input: Optional[bool] = option(None, help="ResNets: 3x3 stride-1 stem without max-pool for 8-64 px "
+                                                    "images; unset: on for images <= 64 px")
+    channels_last: bool = option(False, help="NHWC memory layout (faster convolutions on some CPUs and GPUs)")
+    compile: bool = option(False, help="torch.compile the network (faster inference; slower CPU training here)")
 
 
 @dataclass
 class DataConfig:
-    dataset: str = opt(DEFAULT_KIND, choices=tuple(list_kinds()),
-                       help="data-set kind: an image folder, tar shards or a built-in set")
-    path: Optional[str] = opt(None, help="the data's folder (train/ and val/ inside, or one folder per class)")
-    image_size: Optional[int] = opt(None, ge=1, le=2048, help="side of the square network input; unset: "
-                                                              "native size for small images, 224 for photos")
-    channels: Optional[int] = opt(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
-                                                             "images are")
-    batch_size: int = opt(64, ge=1, le=2**31 - 1, help="training images per step, per process")
-    eval_batch_size: int = opt(500, ge=1, le=2**31 - 1, help="evaluation images per step, per process")
-    workers: int = opt(0, ge=0, le=1024, help="loader processes decoding images (0: in the training process)")
-    pin_memory: bool = opt(False, help="page-locked batches for faster copies to a GPU")
-    skip_corrupt: bool = opt(False, help="leave out images that cannot be decoded (and say how many) "
-                                         "instead of stopping")
-    mean: Optional[list[float]] = opt(None, help="per-channel normalisation mean; unset: the data's "
-                                                 "(ImageNet's for photos)")
-    std: Optional[list[float]] = opt(None, gt=0, help="per-channel normalisation std; unset: as mean")
-    crop_pct: float = opt(0.875, gt=0, le=1, help="evaluation centre crop: resize to image_size / crop_pct, "
-                                                  "then crop")
-    synthetic_size: int = opt(1024, ge=1, le=10_000_000, help="images in the synthetic data set")
-    normalize_on_device: bool = opt(False, help="ship uint8 batches and normalise on the device (4x fewer "
-                                                "bytes to copy)")
-    augment: str = opt("auto", choices=("auto", "imagenet", "flip", "shift", "none"),
-                       help="training augmentation: imagenet = random resized crop + flip; flip; shift = random "
-                            "translation by random_shift px; none; auto: imagenet for photos and ResNets, shift "
-                            "when random_shift > 0, else none")
-    rrc_scale: list[float] = opt(factory=lambda: [0.08, 1.0], gt=0, le=1,
-                                 help="augment=imagenet: [min, max] share of the image each crop covers")
-    random_shift: int = opt(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
-                                                 "the image)")
-    shuffle_buffer: int = opt(1000, ge=1, le=1_000_000, help="shards: samples each process's shuffle buffer "
-                                                                 "holds (more mixes better, costs memory)")
-    train_shards: Optional[str] = opt(None, help="shards: a brace pattern or pipe: command replacing the index's "
-                                                 "training shard files, matched by position")
-    eval_shards: Optional[str] = opt(None, help="shards: as train_shards, for the evaluation split")
+    dataset: str = option(DEFAULT_KIND, choices=tuple(list_kinds()),
+                          help="data-set kind: an image folder, tar shards or a built-in set")
+    path: Optional[str] = option(None, help="the data's folder (train/ and val/ inside, or one folder per class)")
+    image_size: Optional[int] = option(None, ge=1, le=2048, help="side of the square network input; unset: "
+                                                                 "native size for small images, 224 for photos")
+    channels: Optional[int] = option(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
+                                                                "images are")
+    batch_size: int = option(64, ge=1, le=2**31 - 1, help="training images per step, per process")
+    eval_batch_size: int = option(500, ge=1, le=2**31 - 1, help="evaluation images per step, per process")
+    workers: int = option(0, ge=0, le=1024, help="loader processes decoding images (0: in the training process)")
+    pin_memory: bool = option(False, help="page-locked batches for faster copies to a GPU")
+    skip_corrupt: bool = option(False, help="leave out images that cannot be decoded (and say how many) "
+                                            "instead of stopping")
+    mean: Optional[list[float]] = option(None, help="per-channel normalisation mean; unset: the data's "
+                                                    "(ImageNet's for photos)")
+    std: Optional[list[float]] = option(None, gt=0, help="per-channel normalisation std; unset: as mean")
+    crop_pct: float = option(0.875, gt=0, le=1, help="evaluation centre crop: resize to image_size / crop_pct, "
+                                                     "then crop")
+    synthetic_size: int = option(1024, ge=1, le=10_000_000, help="images in the synthetic data set")
+    normalize_on_device: bool = option(False, help="ship uint8 batches and normalise on the device (4x fewer "
+                                                   "bytes to copy)")
+    augment: str = option("auto", choices=("auto", "imagenet", "flip", "shift", "none"),
+                          help="training augmentation: imagenet = random resized crop + flip; flip; shift = random "
+                               "translation by random_shift px; none; auto: imagenet for photos and ResNets, shift "
+                               "when random_shift > 0, else none")
+    rrc_scale: list[float] = option(factory=lambda: [0.08, 1.0], gt=0, le=1,
+                                    help="augment=imagenet: [min, max] share of the image each crop covers")
+    random_shift: int = option(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
+                                                    "the image)")
+    shuffle_buffer: int = option(1000, ge=1, le=1_000_000, help="shards: samples each process's shuffle buffer "
+                                                                    "holds (more mixes better, costs memory)")
+    train_shards: Optional[str] = option(None, help="shards: a brace pattern or pipe: command replacing the index's "
+                                                    "training shard files, matched by position")
+    eval_shards: Optional[str] = option(None, help="shards: as train_shards, for the evaluation split")
 
 
-@dataclass
+@dataclass(slots=True)  # slots: `cfg.optim.thor = ...` is an error, not an attribute nobody reads
 class OptimConfig:
-    name: str = opt(DEFAULT_OPTIMIZER, choices=tuple(list_optimizers()), help="the optimizer")
-    lr: float = opt(0.05, gt=0, help="base learning rate (see lr_reference_batch and schedule.*)")
-    lr_reference_batch: Optional[int] = opt(None, ge=1, help="when set, lr is for this global batch and is "
-                                                             "scaled linearly to the real one")
-    momentum: Optional[float] = opt(None, ge=0, lt=1, help="unset: the optimizer's own (0.9 SGD/THOR, 0.95 "
-                                                           "Muon); an error for optimizers without momentum")
-    nesterov: Optional[bool] = opt(None, help="Nesterov momentum; unset: the optimizer's own")
-    weight_decay: float = opt(0.0, ge=0, help="L2 penalty on weights")
-    decay_bn_and_bias: bool = opt(False, help="also decay BatchNorm scales/shifts and biases")
-    head_lr_mult: float = opt(1.0, gt=0, le=1e6, help="the classifier head's lr = this x the lr (fine-tuning a "
-                                                      "fresh head: e.g. 10), through every schedule")
-    weight_decay_groups: dict = opt(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
-                                                       "(patterns on parameter names, first match wins)")
-    thor: ThorRecipeOptions = dataclasses.field(default_factory=ThorRecipeOptions)
+    name: str = option(DEFAULT_OPTIMIZER, choices=list_optimizers, help="the optimizer")
+    lr: float = option(0.05, gt=0, help="base learning rate (see lr_reference_batch and schedule.*)")
+    lr_reference_batch: Optional[int] = option(None, ge=1, help="when set, lr is for this global batch and is "
+                                                                "scaled linearly to the real one")
+    momentum: Optional[float] = option(None, ge=0, lt=1, help="unset: the optimizer's own (0.9 SGD/THOR, 0.95 "
+                                                              "Muon); an error for optimizers without momentum")
+    nesterov: Optional[bool] = option(None, help="Nesterov momentum; unset: the optimizer's own")
+    weight_decay: float = option(0.0, ge=0, help="L2 penalty on weights")
+    decay_bn_and_bias: bool = option(False, help="also decay BatchNorm scales/shifts and biases")
+    head_lr_mult: float = option(1.0, gt=0, le=1e6, help="the classifier head's lr = this x the lr (fine-tuning a "
+                                                         "fresh head: e.g. 10), through every schedule")
+    weight_decay_groups: dict = option(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
+                                                          "(patterns on parameter names, first match wins)")
+    # optim.thor and every other registered optimizer's options section (see recipe.optimizers)
+    options: dict = sections(lambda: _option_sections(), help="each optimizer's own options, by section")
+
+
+def _option_sections() -> dict:
+    taken = {f.name for f in dataclasses.fields(OptimConfig)}
+    found = option_sections()
+    clash = sorted(set(found) & taken)
+    if clash:
+        raise ValueError(f"optimizer options section(s) {clash} would shadow optim keys of the same name")
+    return found
 
 
 @dataclass
 class ScheduleConfig:
-    mode: str = opt("constant", choices=("constant", "seed_cosine", "cosine", "step", "poly", "thor"),
-                    help="lr schedule: constant, cosine (warmup + cosine), seed_cosine (NVIDIA's formula), step "
-                         "(milestones), poly, thor (MindSpore's THOR formula)")
-    warmup_epochs: float = opt(0.0, ge=0, help="epochs of linear warmup from lr_init to lr")
-    lr_init: float = opt(0.0, ge=0, help="learning rate at the start of the warmup")
-    lr_end: float = opt(0.0, ge=0, help="learning rate at the end (cosine, poly)")
-    milestones: list[float] = opt(factory=list, ge=0, help="mode=step: epochs at which lr is multiplied by gamma")
-    gamma: float = opt(0.1, gt=0, help="mode=step: lr factor at each milestone")
-    power: float = opt(2.0, gt=0, help="mode=poly: the exponent")
-    lr_decay: float = opt(5.0, ge=0, help="mode=thor: lr(e) = lr * (1 - e / lr_end_epoch) ^ lr_decay")
-    lr_end_epoch: float = opt(50.0, gt=0, help="mode=thor: the epoch where that formula reaches 0")
-    decay_epochs: float = opt(100.0, gt=0, help="mode=thor: lr is halved after this many epochs")
+    mode: str = option("constant", choices=("constant", "seed_cosine", "cosine", "step", "poly", "thor"),
+                       help="lr schedule: constant, cosine (warmup + cosine), seed_cosine (NVIDIA's formula), step "
+                            "(milestones), poly, thor (MindSpore's THOR formula)")
+    warmup_epochs: float = option(0.0, ge=0, help="epochs of linear warmup from lr_init to lr")
+    lr_init: float = option(0.0, ge=0, help="learning rate at the start of the warmup")
+    lr_end: float = option(0.0, ge=0, help="learning rate at the end (cosine, poly)")
+    milestones: list[float] = option(factory=list, ge=0, help="mode=step: epochs at which lr is multiplied by gamma")
+    gamma: float = option(0.1, gt=0, help="mode=step: lr factor at each milestone")
+    power: float = option(2.0, gt=0, help="mode=poly: the exponent")
+    lr_decay: float = option(5.0, ge=0, help="mode=thor: lr(e) = lr * (1 - e / lr_end_epoch) ^ lr_decay")
+    lr_end_epoch: float = option(50.0, gt=0, help="mode=thor: the epoch where that formula reaches 0")
+    decay_epochs: float = option(100.0, gt=0, help="mode=thor: lr is halved after this many epochs")
 
 
 @dataclass
 class EmaConfig:
-    enabled: bool = opt(False, help="keep an exponential moving average of the weights and evaluate it")
-    decay: float = opt(0.9999, ge=0, lt=1, help="the average's decay per step")
-    warmup: str = opt("timm", choices=("timm", "nvidia", "none"), help="how decay ramps up in early steps")
-    warmup_gamma: float = opt(1.0, gt=0, help="warmup=timm: decay = min(decay, 1 - (1 + step / gamma) ^ -power)")
-    warmup_power: float = opt(0.6666667, gt=0, help="warmup=timm: the power in that formula")
-    buffers: str = opt("copy", choices=("copy", "average"), help="BatchNorm statistics: copied from the model "
-                                                                "or averaged too")
+    enabled: bool = option(False, help="keep an exponential moving average of the weights and evaluate it")
+    decay: float = option(0.9999, ge=0, lt=1, help="the average's decay per step")
+    warmup: str = option("timm", choices=("timm", "nvidia", "none"), help="how decay ramps up in early steps")
+    warmup_gamma: float = option(1.0, gt=0, help="warmup=timm: decay = min(decay, 1 - (1 + step / gamma) ^ -power)")
+    warmup_power: float = option(0.6666667, gt=0, help="warmup=timm: the power in that formula")
+    buffers: str = option("copy", choices=("copy", "average"), help="BatchNorm statistics: copied from the model "
+                                                                   "or averaged too")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = opt(3, ge=1, le=1_000_000, help="passes over the training data")
-    seed: int = opt(0, ge=0, le=2**32 - 1, help="seed of every random choice (weights, order, augmentation)")
-    device: str = opt("auto", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)")
-    amp_level: str = opt("O0", choices=("O0", "O1", "O2", "O3"),
-                         help="mixed precision (MindSpore's levels): O0 float32; O1 and O2 autocast (O2 adds "
-                              "dynamic loss scaling for float16); O3 the whole network in low precision")
-    amp_dtype: str = opt("auto", choices=("auto", "bfloat16", "float16"),
-                         help="low-precision type; auto: bfloat16, or float16 on GPUs without bfloat16")
-    loss_scale: str = opt("none", choices=("none", "fixed", "dynamic"), help="loss scaling for float16")
-    loss_scale_value: float = opt(128.0, gt=0, le=2.0**64, help="loss_scale=fixed: the scale (the start value "
-                                                                "for dynamic)")
-    drop_overflow_update: bool = opt(False, help="loss_scale=fixed: skip a step whose gradients overflowed")
-    clip_global_norm: Optional[float] = opt(None, gt=0, help="clip gradients to this global L2 norm")
-    clip_value: Optional[float] = opt(None, gt=0, help="clip every gradient element to +-this")
-    accumulation_steps: int = opt(1, ge=1, help="micro-batches summed per optimizer step")
-    label_smoothing: float = opt(0.0, ge=0, lt=1, help="share of the target spread over the other classes")
-    metrics: list[str] = opt(factory=lambda: list(METRIC_NAMES), choices=(*METRIC_NAMES, *METRIC_ALIASES),
-                             help="what evaluation reports (top-5 only with more than 5 classes)")
-    log_every: int = opt(50, ge=1, help="steps between loss lines in the log")
-    progress_bar: bool = opt(True, help="a progress bar per epoch on a terminal")
-    per_batch_accuracy: bool = opt(False, help="also log training accuracy per batch (costs a sync)")
-    eval_every: int = opt(1, ge=1, help="epochs between evaluations")
-    monitor: str = opt("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"),
-                       help="the metric that picks the best checkpoint and drives early stopping")
-    early_stopping_patience: Optional[int] = opt(None, ge=1, help="stop after this many evaluations without "
-                                                                  "improvement; unset: never")
-    restore_best: bool = opt(False, help="end with the best epoch's weights (by monitor)")
-    nonfinite: str = opt("stop", choices=("stop", "skip"), help="a NaN/inf loss: stop at once, or skip the "
-                                                                "update (up to max_nonfinite_steps in a row)")
-    max_nonfinite_steps: int = opt(10, ge=1, help="nonfinite=skip: stop after this many bad steps in a row")
-    init_weights: Optional[str] = opt(None, help="start from these weights only (any weight format; a head "
-                                                 "for other classes is re-initialised); --resume restores all")
-    freeze_backbone_epochs: int = opt(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
-                                                                   "head for this many epochs first")
+    epochs: int = option(3, ge=1, le=1_000_000, help="passes over the training data")
+    seed: int = option(0, ge=0, le=2**32 - 1, help="seed of every random choice (weights, order, augmentation)")
+    device: str = option("auto", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)")
+    amp_level: str = option("O0", choices=("O0", "O1", "O2", "O3"),
+                            help="mixed precision (MindSpore's levels): O0 float32; O1 and O2 autocast (O2 adds "
+                                 "dynamic loss scaling for float16); O3 the whole network in low precision")
+    amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"),
+                            help="low-precision type; auto: bfloat16, or float16 on GPUs without bfloat16")
+    loss_scale: str = option("none", choices=("none", "fixed", "dynamic"), help="loss scaling for float16")
+    loss_scale_value: float = option(128.0, gt=0, le=2.0**64, help="loss_scale=fixed: the scale (the start value "
+                                                                   "for dynamic)")
+    drop_overflow_update: bool = option(False, help="loss_scale=fixed: skip a step whose gradients overflowed")
+    clip_global_norm: Optional[float] = option(None, gt=0, help="clip gradients to this global L2 norm")
+    clip_value: Optional[float] = option(None, gt=0, help="clip every gradient element to +-this")
+    accumulation_steps: int = option(1, ge=1, help="micro-batches summed per optimizer step")
+    label_smoothing: float = option(0.0, ge=0, lt=1, help="share of the target spread over the other classes")
+    metrics: list[str] = option(factory=lambda: list(METRIC_NAMES), choices=(*METRIC_NAMES, *METRIC_ALIASES),
+                                help="what evaluation reports (top-5 only with more than 5 classes)")
+    log_every: int = option(50, ge=1, help="steps between loss lines in the log")
+    progress_bar: bool = option(True, help="a progress bar per epoch on a terminal")
+    per_batch_accuracy: bool = option(False, help="also log training accuracy per batch (costs a sync)")
+    eval_every: int = option(1, ge=1, help="epochs between evaluations")
+    monitor: str = option("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"),
+                          help="the metric that picks the best checkpoint and drives early stopping")
+    early_stopping_patience: Optional[int] = option(None, ge=1, help="stop after this many evaluations without "
+                                                                     "improvement; unset: never")
+    restore_best: bool = option(False, help="end with the best epoch's weights (by monitor)")
+    nonfinite: str = option("stop", choices=("stop", "skip"), help="a NaN/inf loss: stop at once, or skip the "
+                                                                   "update (up to max_nonfinite_steps in a row)")
+    max_nonfinite_steps: int = option(10, ge=1, help="nonfinite=skip: stop after this many bad steps in a row")
+    init_weights: Optional[str] = option(None, help="start from these weights only (any weight format; a head "
+                                                    "for other classes is re-initialised); --resume restores all")
+    freeze_backbone_epochs: int = option(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
+                                                                      "head for this many epochs first")
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
 
 
 @dataclass
 class CheckpointSection:
-    save_every_epochs: int = opt(1, ge=0, help="epochs between checkpoints (0: none by epoch)")
-    save_every_steps: int = opt(0, ge=0, help="steps between checkpoints (0: none by step)")
-    keep_max: int = opt(5, ge=1, help="how many of the newest checkpoints are kept")
-    save_best: bool = opt(True, help="also keep PREFIX-best.pt, the best epoch by train.monitor")
-    prefix: Optional[str] = opt(None, help="checkpoint file name prefix; unset: the model name")
+    save_every_epochs: int = option(1, ge=0, help="epochs between checkpoints (0: none by epoch)")
+    save_every_steps: int = option(0, ge=0, help="steps between checkpoints (0: none by step)")
+    keep_max: int = option(5, ge=1, help="how many of the newest checkpoints are kept")
+    save_best: bool = option(True, help="also keep PREFIX-best.pt, the best epoch by train.monitor")
+    prefix: Optional[str] = option(None, help="checkpoint file name prefix; unset: the model name")
 
 
 @dataclass
 class BoostSection:
-    level: str = opt("O0", choices=("O0", "O1", "O2"), help="boost level: O1 = LessBN + gradient freezing, "
-                                                           "O2 = O1 + Adasum")
-    config: dict = opt(factory=dict, help="MindSpore's boost_config_dict: {boost: {mode: ...}, less_bn: "
-                                          "{...}, ...} (see the boost.config rows)")
+    level: str = option("O0", choices=("O0", "O1", "O2"), help="boost level: O1 = LessBN + gradient freezing, "
+                                                              "O2 = O1 + Adasum")
+    config: dict = option(factory=dict, help="MindSpore's boost_config_dict: {boost: {mode: ...}, less_bn: "
+                                             "{...}, ...} (see the boost.config rows)")
 
 
 @dataclass
 class DistSection:
-    bucket_cap_mb: float = opt(25.0, gt=0, help="DDP gradient bucket size")
-    fusion_config: Optional[list[int]] = opt(None, ge=1, help="parameter indices where gradient buckets split "
-                                                              "(MindSpore's all_reduce_fusion_config)")
-    sync_bn: bool = opt(False, help="BatchNorm statistics across processes")
+    bucket_cap_mb: float = option(25.0, gt=0, help="DDP gradient bucket size")
+    fusion_config: Optional[list[int]] = option(None, ge=1, help="parameter indices where gradient buckets split "
+                                                                 "(MindSpore's all_reduce_fusion_config)")
+    sync_bn: bool = option(False, help="BatchNorm statistics across processes")
     # at most a week (604800 s): longer is a typo, and c10d's timedelta overflows (1e300 did, at the join)
-    timeout_s: float = opt(300.0, ge=1, le=604800, help="seconds a collective may wait for another process")
-    join_timeout_s: float = opt(60.0, ge=1, le=604800, help="seconds every process has to start and agree on the job "
-                                                           "(config, checkpoint) before training; then timeout_s")
+    timeout_s: float = option(300.0, ge=1, le=604800, help="seconds a collective may wait for another process")
+    join_timeout_s: float = option(60.0, ge=1, le=604800, help="seconds every process has to start and agree on the job "
+                                                              "(config, checkpoint) before training; then timeout_s")
 
 
 @dataclass
 class Config:
-    name: str = opt("mnist-lenet", help="the run's name (the recipe's)")
-    output: str = opt("runs/{name}", help="the run's folder: config, checkpoints, logs ({name} = name)")
+    name: str = option("mnist-lenet", help="the run's name (the recipe's)")
+    output: str = option("runs/{name}", help="the run's folder: config, checkpoints, logs ({name} = name)")
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -211,7 +224,8 @@ class Config:
     dist: DistSection = dataclasses.field(default_factory=DistSection)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as plain data, option sections written under their names (`optim.thor`)."""
+        return plain(self)
 
 
 def merge(obj: Any, data: Any, prefix: str = "") -> None:
@@ -219,10 +233,18 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"section '{prefix.rstrip('.') or 'root'}' must be a mapping, got {data!r}",
                           "check the recipe's indentation, or write KEY.SUBKEY=VALUE")
-    fields = {f.name: f for f in dataclasses.fields(obj)}
+    fields = {f.name: f for f in dataclasses.fields(obj) if not is_sections(f)}
+    pools = [getattr(obj, f.name) for f in dataclasses.fields(obj) if is_sections(f)]
     hints = typing.get_type_hints(type(obj))
     for key, value in data.items():
         where = f"{prefix}{key}"
+        pool = next((p for p in pools if key in p), None)
+        if pool is not None and key not in fields:  # an option section, written flat: optim.thor
+            if dataclasses.is_dataclass(pool[key]):
+                merge(pool[key], value, f"{where}.")
+            else:  # a mapping put there in Python: merged now, checked by the validation pass
+                pool[key] = _deep_merge(check_type(pool[key], dict, where), check_type(value, dict, where))
+            continue
         if key not in fields:
             raise ConfigError(f"unknown config key '{where}'", _suggest_key(where, key, obj, prefix))
         current = getattr(obj, key)
@@ -239,7 +261,9 @@ def _suggest_key(where: str, key: str, obj: Any, prefix: str) -> str:
     elsewhere = [k for k, *_ in leaf_fields(Config()) if k.rsplit(".", 1)[-1] == key]
     if elsewhere:
         return f"did you mean '{elsewhere[0]}'?"
-    return suggest(where, [f"{prefix}{f.name}" for f in dataclasses.fields(obj)])
+    here = [f.name for f in dataclasses.fields(obj) if not is_sections(f)]
+    here += [name for f in dataclasses.fields(obj) if is_sections(f) for name in getattr(obj, f.name)]
+    return suggest(where, [f"{prefix}{name}" for name in here])
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -249,7 +273,7 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def resolve_recipe(name_or_path: str) -> Path:
+def find_recipe(name_or_path: str) -> Path:
     """A shipped recipe name (see `torchboost recipes`) or a path to a YAML file."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():

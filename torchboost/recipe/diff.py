@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from torchboost.errors import CheckpointError
-from torchboost.migrate.formats import FORMATS, TORCH
-from torchboost.recipe.config import build_config, read_yaml, resolve_recipe
+from torchboost.recipe.config import build_config, find_recipe, read_yaml
 
-CHECKPOINT_SUFFIXES = FORMATS[TORCH].suffixes  # training checkpoints carry their config
 ABSENT = "(absent)"
 
 
@@ -26,7 +24,9 @@ def _source(spec: str) -> dict:
     path = Path(spec)
     if path.is_dir() and (path / "config.yaml").is_file():
         path = path / "config.yaml"
-    if path.suffix in CHECKPOINT_SUFFIXES:
+    from torchboost.migrate.formats import FORMATS, TORCH  # the weight-format registry, loaded when used
+
+    if path.suffix in FORMATS[TORCH].suffixes:  # training checkpoints carry their config
         from torchboost.train.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(path)
@@ -34,7 +34,7 @@ def _source(spec: str) -> dict:
             raise CheckpointError(f"{path} holds no saved config", "pass a checkpoint written by `torchboost "
                                   "train`, or the run's config.yaml")
         return ckpt["config"]
-    return read_yaml(resolve_recipe(str(path) if path.suffix in (".yaml", ".yml") else spec))
+    return read_yaml(find_recipe(str(path) if path.suffix in (".yaml", ".yml") else spec))
 
 
 def resolve_config(spec: str, overrides: Sequence[str] = ()) -> dict[str, Any]:

@@ -15,14 +15,13 @@ import torch
 from torchboost.boost import resolve_boost, transform_model
 from torchboost.data import build_loader, read_image
 from torchboost.errors import CheckpointError, ConfigError, DataError
-from torchboost.migrate.formats import TORCH, read_torch_named, source_format
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config
 from torchboost.recipe.data import build_dataset, eval_preprocess, load_data, split_source
 from torchboost.fileio import check_regular
 from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
-from torchboost.recipe.resolve import resolve, without_top5
+from torchboost.recipe.resolve import resolve_config, without_top5
 from torchboost.recipe.saved import config_from_file
 from torchboost.recipe.validate import validate
 from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_checkpoint, load_model_state, saved_classes
@@ -51,11 +50,13 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
                                   "pass --config RECIPE (and --set overrides) describing the network")
         recipe_cfg = load_config(config, overrides)
         data_cfg, train_ds, _ = load_data(recipe_cfg)
-        cfg = resolve(recipe_cfg, data_cfg, train_ds, None)
+        cfg = resolve_config(recipe_cfg, data_cfg, train_ds, None)
     net = build_model(cfg)
     if cfg.boost.level != "O0" or cfg.boost.config:  # less_bn changes the structure: rebuild it first
         transform_model(resolve_boost(cfg.boost.level, cfg.boost.config), net)
     if ckpt is None:  # any registered format; MindSpore/Paddle names are mapped to the network's
+        from torchboost.migrate.formats import read_torch_named
+
         ckpt = {"model": read_torch_named(path, cfg.model.name, cfg.model.num_classes, net.state_dict()),
                 "classes": list(train_ds.classes)}
     load_model_state(net, ckpt["model"], source=str(path))
@@ -67,6 +68,8 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
 
 def _training_checkpoint(path: str) -> dict | None:
     """The checkpoint, when `path` is one written by `torchboost train` (it carries its config), else None."""
+    from torchboost.migrate.formats import TORCH, source_format  # the weight readers: only for weights files
+
     try:
         if source_format(path).name != TORCH:  # only torch files carry a training checkpoint's config
             return None

@@ -19,10 +19,9 @@ from typing import Callable
 
 from torch.utils.data import Dataset
 
-from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json, open_shards
+from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json
 from torchboost.data.builtin import BUILTIN_SETS
 from torchboost.data.folder import FolderSample
-from torchboost.data.shardfiles import read_index
 from torchboost.data.transforms import AUGMENTS
 from torchboost.errors import ConfigError, suggest
 
@@ -80,14 +79,25 @@ for _name, _set in BUILTIN_SETS.items():
     register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
 register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
                   needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True))
+
+
+def _open_shards(cfg, split: str, transform: Callable) -> Dataset:  # the shard readers load only for shards
+    from torchboost.data.shards import open_shards
+
+    return open_shards(cfg.path, split, transform, cfg.train_shards if split == "train" else cfg.eval_shards,
+                       cfg.shuffle_buffer)
+
+
+def _shard_index(cfg):
+    from torchboost.data.shardfiles import read_index
+
+    return read_index(cfg.path)
+
+
 register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) and their _info.json index in PATH "
                   "(written by torchboost export-shards)", None, needs_path=True, in_memory=False,
-                  augments=("auto", *AUGMENTS), photos=True, streamed=True,
-                  open_split=lambda cfg, split, transform: open_shards(
-                      cfg.path, split, transform, cfg.train_shards if split == "train" else cfg.eval_shards,
-                      cfg.shuffle_buffer),
-                  sample=lambda cfg: read_index(cfg.path).sample,
-                  splits=lambda cfg: list(read_index(cfg.path).splits)))
+                  augments=("auto", *AUGMENTS), photos=True, streamed=True, open_split=_open_shards,
+                  sample=lambda cfg: _shard_index(cfg).sample, splits=lambda cfg: list(_shard_index(cfg).splits)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",

@@ -1,5 +1,6 @@
-"""A recipe name or YAML file plus `--set` overrides -> a validated Config (`load_config`), and the
-resolved one with its data sets (`load_resolved`) for tools that build a network without training."""
+"""A recipe name or YAML file plus `--set` overrides -> a validated Config (`load_config`), the same with
+what `--data FOLDER` means (`recipe_with_data`, built once: the data set it replaces is the built config's),
+and the resolved one with its data sets (`load_resolved`) for tools that build a network without training."""
 
 from __future__ import annotations
 
@@ -7,21 +8,42 @@ from typing import Optional, Sequence
 
 from torch.utils.data import Dataset
 
-from torchboost.recipe.config import Config, build_config, read_yaml, resolve_recipe
+from torchboost.recipe.config import Config, build_config, find_recipe, merge, parse_override, read_yaml
 from torchboost.recipe.data import load_data
-from torchboost.recipe.resolve import resolve
+from torchboost.recipe.kinds import FOLDER, get_kind
+from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validate import validate
 
 
 def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- recipe YAML <- overrides, then the one validation pass."""
-    cfg = build_config(read_yaml(resolve_recipe(recipe)) if recipe is not None else None, overrides or ())
+    cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
     validate(cfg)
     return cfg
+
+
+def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Optional[str]
+                     ) -> tuple[Config, list[str], Optional[str]]:
+    """(the config of `recipe` + `overrides` with what `--data FOLDER` means applied: data.path, and when the
+    recipe's data set is built in and reads no path also data.dataset=folder, "this image folder instead";
+    the overrides including those, for applying to a run's saved config; the note saying so, or None).
+    Keys and types are checked, values not yet (`validate`). The recipe is read and built once."""
+    cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
+    overrides, note = list(overrides), None
+    if not data:
+        return cfg, overrides, None
+    extra = [f"data.path={data}"]
+    if not get_kind(cfg.data.dataset).needs_path:
+        note = (f"note: --data {data}: training on that image folder (data.dataset={FOLDER}) instead of the "
+                f"recipe's built-in {cfg.data.dataset}")
+        extra.insert(0, f"data.dataset={FOLDER}")
+    for item in extra:
+        merge(cfg, parse_override(item))
+    return cfg, overrides + extra, note
 
 
 def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> tuple[Config, Dataset, Dataset]:
     """(resolved config, training set, evaluation set): what a run would build, without boost."""
     cfg = load_config(recipe, overrides)
     data, train_ds, eval_ds = load_data(cfg)
-    return resolve(cfg, data, train_ds, None), train_ds, eval_ds
+    return resolve_config(cfg, data, train_ds, None), train_ds, eval_ds

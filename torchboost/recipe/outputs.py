@@ -39,6 +39,9 @@ def check_output(out: Path, resume: Optional[str], overwrite: bool, prefix: Opti
     (before anything is written or deleted)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} is a file, not a folder", "choose another --output")
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(f"output {out} is a link to {os.readlink(out)}, which does not exist",
+                          "create that folder, remove the link, or choose another --output")
     found = previous_run(out)
     if found and not resume and not overwrite:
         raise ConfigError(f"output folder {out} holds another run ({', '.join(found)})",

@@ -30,8 +30,9 @@ from torch.utils.data import Dataset
 from torchboost.data import build_loader, set_epoch
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
-from torchboost.recipe.build import build_loss, build_model, build_optimizer, build_schedule
+from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config
 from torchboost.recipe.config import Config
+from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.resolve import fit_batch
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
@@ -88,7 +89,7 @@ def _more_updates(images: int) -> str:
 def racer_config(cfg: Config, name: str) -> Config:
     """The recipe's config with optimizer `name`: the recipe's own optim values when it names the same
     optimizer, else that optimizer's defaults for momentum, Nesterov and which parameters decay (the weight
-    decay, its per-layer groups where supported, and `optim.thor` carry)."""
+    decay, its per-layer groups where supported, and the options sections such as `optim.thor` carry)."""
     o = cfg.optim
     if name != o.name:
         entry = get_optimizer(name)
@@ -100,15 +101,15 @@ def racer_config(cfg: Config, name: str) -> Config:
 
 def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
     """A registered optimizer (torchboost.optim.registry), built exactly as `torchboost train` builds it
-    (same builder, fused kernels, options), over `lrs` or its registry lr grid."""
-    entry = get_optimizer(name)
+    (same builder, fused kernels, options), over `lrs` or its race lr grid (`recipe.optimizers.race_policy`)."""
+    grid = race_policy(name).lr_grid
     racer_cfg = racer_config(cfg, name)
 
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         run = dataclasses.replace(racer_cfg, train=dataclasses.replace(racer_cfg.train, epochs=epochs))
-        return build_optimizer(run, model, lr, steps)
+        return optimizer_from_config(run, model, lr, steps)
 
-    return Racer(name, tuple(lrs or entry.lr_grid), build)
+    return Racer(name, tuple(lrs or grid), build)
 
 
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:

@@ -12,9 +12,11 @@ from typing import Iterator, Sequence
 
 import torch
 
-from torchboost.optim.registry import OPTIMIZERS, THOR_FAMILY
+from torchboost.optim.registry import OPTIMIZERS
+from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
 from torchboost.recipe.race import Lane
 from torchboost.fileio import atomic_path, atomic_write, confine_writes, read_regular
+from torchboost.plotting import pyplot
 from torchboost.train.device import device_name
 
 
@@ -58,10 +60,11 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
 
 
 def is_thor(name: str) -> bool:
-    """THOR and its variants (registry family "thor": thor_muon, and `thor[...]` option variants) are one
-    family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch budget."""
-    entry = OPTIMIZERS.get(name.partition("@")[0].partition("[")[0].removesuffix("-all-convs"))
-    return entry is not None and entry.family == THOR_FAMILY
+    """THOR and its variants (race family "thor" in `recipe.optimizers`: thor_muon, and `thor[...]` option
+    variants) are one family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch
+    budget."""
+    base = name.partition("@")[0].partition("[")[0].removesuffix("-all-convs")
+    return base in OPTIMIZERS and race_policy(base).family == THOR_FAMILY
 
 
 def ratio_to_best_other(rows: dict, name: str) -> float:
@@ -160,11 +163,7 @@ def race_figure(lanes: Sequence[Lane], summary: dict):
     """The race plot as a matplotlib Figure: validation top-1 vs training seconds, one line per optimizer at its
     best lr for the first target (the median over seeds, their spread shaded), each target a dashed line. The
     y-axis reaches down to the lowest point of any curve or spread: a racer that stays low is in the picture."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     first_target, rows = next(iter(summary["targets"].items()))
     lowest = min(float(t) for t in summary["targets"])
@@ -187,8 +186,8 @@ def race_figure(lanes: Sequence[Lane], summary: dict):
 
 def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
     """`race_figure` saved as a PNG at `path`."""
-    fig = race_figure(lanes, summary)  # first: it picks the file-only backend
-    import matplotlib.pyplot as plt
+    fig = race_figure(lanes, summary)
+    plt = pyplot()
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")  # format: the temp name does not end in .png

@@ -1,6 +1,6 @@
 """The reference of every config key, generated from the schema: `torchboost options` and docs/CONFIG.md.
 
-Rows come from the dataclasses themselves (type, default, rules and the one-line `help` of each `opt`
+Rows come from the dataclasses themselves (type, default, rules and the one-line `help` of each `option`
 field), so the reference cannot drift from what `--set` accepts; a test compares docs/CONFIG.md with
 `render_markdown()`. boost.config is MindSpore's free-form dict: its rows come from boost's own option
 classes and switch list.

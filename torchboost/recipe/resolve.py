@@ -17,13 +17,14 @@ from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.data import small_stem
 from torchboost.recipe.kinds import get_kind
+from torchboost.recipe.optimizers import typed_section
 from torchboost.train.metrics import resolve_metric
 
 
-def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
+def resolve_config(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | None) -> Config:
     """`cfg` with the data section `recipe.data.load_data` resolved, the model's classes and input
     channels taken from the data, the optimizer's momentum defaults, boost's gradient accumulation and
-    the checkpoint prefix filled in.
+    the checkpoint prefix filled in (and every optimizer options section as its dataclass, defaults included).
     A value the user set that contradicts the data is an error, not silently replaced."""
     classes = len(train_ds.classes)
     if classes < 2 and get_kind(cfg.data.dataset).own_labels:
@@ -50,7 +51,8 @@ def resolve(cfg: Config, data: DataConfig, train_ds: Dataset, plan: BoostPlan | 
     checkpoint = dataclasses.replace(cfg.checkpoint, prefix=cfg.checkpoint.prefix or m.name)
     entry = get_optimizer(cfg.optim.name)  # record the optimizer's own defaults for what the user left unset
     optim = dataclasses.replace(cfg.optim, momentum=entry.momentum if cfg.optim.momentum is None else cfg.optim.momentum,
-                                nesterov=entry.nesterov if cfg.optim.nesterov is None else cfg.optim.nesterov)
+                                nesterov=entry.nesterov if cfg.optim.nesterov is None else cfg.optim.nesterov,
+                                options={k: typed_section(k, v) for k, v in cfg.optim.options.items()})
     return dataclasses.replace(cfg, model=model, data=data, optim=optim, train=train, checkpoint=checkpoint)
 
 

@@ -23,8 +23,7 @@ from torchboost import dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
-from torchboost.migrate.formats import read_torch_named
-from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, build_optimizer,
+from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, optimizer_from_config,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
@@ -32,8 +31,8 @@ from torchboost.recipe.data import load_data
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
-from torchboost.recipe.resolve import fit_batch, resolve
-from torchboost.recipe.validate import validate
+from torchboost.recipe.resolve import fit_batch, resolve_config
+from torchboost.recipe.validate import validated
 from torchboost.seed import seed_everything
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
 from torchboost.train.device import cpu_has_bf16, resolve_device
@@ -62,7 +61,7 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
     """Train as the config says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
     torch.profiler trace of a few steps ("" = OUTPUT/profile). `overwrite` replaces an earlier run's
     files in the output folder (otherwise such a folder is refused unless resuming)."""
-    validate(cfg)  # configs built in Python get the same checks as recipe files
+    validated(cfg)  # configs built in Python get the same checks as recipe files (once: see recipe.validate)
     out = output_dir(cfg, output)
     job = job_for(cfg, resume, out) if dist.read_env() is not None else None  # no job, no checkpoint to hash
     info = dist.init_distributed(timeout_s=cfg.dist.timeout_s, join_timeout_s=cfg.dist.join_timeout_s, job=job)
@@ -117,7 +116,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     data_cfg, train_ds, eval_ds = load_data(cfg)
     plan = boost_plan(cfg, info.world_size)
     share = train_ds.share(info.world_size) if hasattr(train_ds, "share") else None  # shards: whole shards per rank
-    run_cfg, batch_note = fit_batch(resolve(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
+    run_cfg, batch_note = fit_batch(resolve_config(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
     if batch_note:
         log(f"note: {batch_note}")
     if share is not None and share * info.world_size < len(train_ds):
@@ -243,6 +242,8 @@ def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, ste
     if cfg.train.init_weights:
         # any registered weight format; MindSpore/Paddle names are mapped to the network's (names only: a
         # head for another class count is left to load_backbone)
+        from torchboost.migrate.formats import read_torch_named  # the weight readers: only for init_weights
+
         state = read_torch_named(cfg.train.init_weights, cfg.model.name, None, net.state_dict())
         check_stem(cfg, state, net.state_dict())
         fresh = load_backbone(net, state, source=cfg.train.init_weights)
@@ -266,7 +267,7 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
     lr = effective_lr(cfg, 1 if adasum else info.world_size)
     ema = build_ema(cfg, net)
     optimizer = (boost_optimizer(plan, net) if plan is not None else None) or \
-        build_optimizer(cfg, net, lr, steps_per_epoch)  # DimReduce when boost's dim_reduce is on
+        optimizer_from_config(cfg, net, lr, steps_per_epoch)  # DimReduce when boost's dim_reduce is on
     loss_scale = build_loss_scale(cfg, device)  # TrainStep gives its scaler to the optimizer (optim.protocol)
     wrapped = net
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from torchboost.data.shardfiles import PIPE
+from torchboost.data.pipes import PIPE
 from torchboost.errors import ConfigError
 from torchboost.recipe.config import Config, build_config, parse_override
 from torchboost.recipe.diff import flatten
 
-# Keys whose value may run a shell command: the shard sources (data.shardfiles.PIPE).
+# Keys whose value may run a shell command: the shard sources (data.pipes.PIPE).
 COMMAND_KEYS = ("data.train_shards", "data.eval_shards")
 
 

@@ -1,9 +1,15 @@
 """The one validation pass: every key of a Config, from YAML, `--set` or Python, before anything is built.
 
 Order: each field's type and rules (torchboost.options), then combinations of fields, then the option sets
-that a library package owns (THOR's keyword arguments, boost's MindSpore-style dict, the device), checked
-by that package's own validator so the rules live in one place. Every problem is a ConfigError naming
-the key, the bad value and the allowed values or range.
+that a library package owns (an optimizer's options section, boost's MindSpore-style dict, the device),
+checked by that package's own validator so the rules live in one place. Every problem is a ConfigError
+naming the key, the bad value and the allowed values or range.
+
+Once per config: `validate` records what it passed (the config's plain data) on the config; `validated`,
+which `train_from_config` calls, runs the pass only when the config it gets is not one that passed as it
+is now. So a recipe loaded by `load_config` (or planned by `--resume`) is not checked again when it is
+trained, and a Config built or changed in Python after its check still is: the record is a copy of the
+values, not a flag that a later assignment could leave standing.
 """
 
 from __future__ import annotations
@@ -14,16 +20,27 @@ from pathlib import Path
 from torchboost.boost import resolve_boost
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OPTIMIZERS, get_optimizer
+from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.recipe.config import Config
 from torchboost.recipe.kinds import DATA_KINDS, FOLDER, get_kind
-from torchboost.options import check_rules, check_type, leaf_fields
+from torchboost.recipe.optimizers import check_section, section_class, typed_section
 from torchboost.train.device import resolve_device
 from torchboost.train.metrics import resolve_metric
 
 
+PASSED = "_validated_as"  # the attribute holding the plain data of the config as it passed
+
+
+def validated(cfg: Config) -> Config:
+    """`cfg`, validated unless it already passed `validate` with the values it holds now."""
+    if getattr(cfg, PASSED, None) != cfg.to_dict():
+        validate(cfg)
+    return cfg
+
 
 def validate(cfg: Config) -> None:
-    """Raise ConfigError on the first invalid value or combination in `cfg` (which is not modified)."""
+    """Raise ConfigError on the first invalid value or combination in `cfg` (whose values are not modified;
+    a passed config records them, see `validated`)."""
     for key, f, tp, value in leaf_fields(cfg):
         checked = check_type(value, tp, key)
         if isinstance(value, str) and not isinstance(checked, str):  # recipes coerce "1e-4"; Python must not
@@ -42,6 +59,7 @@ def validate(cfg: Config) -> None:
     except ConfigError as e:
         raise ConfigError(f"train.device={cfg.train.device!r}: {e.what}", e.fix) from None
     resolve_boost(cfg.boost.level, cfg.boost.config, where="boost")
+    object.__setattr__(cfg, PASSED, cfg.to_dict())
 
 
 def _check_data(cfg: Config) -> None:
@@ -122,14 +140,15 @@ def _check_optim(cfg: Config) -> None:
     if o.decay_bn_and_bias and not entry.decay_bn_and_bias:
         raise ConfigError(f"optim.decay_bn_and_bias is not supported with optim.name={o.name} (it never decays "
                           "biases and normalisation parameters)", "remove optim.decay_bn_and_bias")
-    for other in {e.options_key for e in OPTIMIZERS.values() if e.options_key} - {entry.options_key}:
-        section = getattr(o, other)
-        if section != type(section)():
-            raise ConfigError(f"optim.{other} is set but optim.name={o.name} does not use it",
-                              f"set optim.name to one that does ({', '.join(n for n, e in OPTIMIZERS.items() if e.options_key == other)}) or remove optim.{other}")
-    if entry.check is not None:
+    for key, value in o.options.items():  # each section against its own dataclass (those of Python too)
+        section = typed_section(key, value)
+        if key != entry.options_key and section != section_class(key)():
+            users = ", ".join(n for n, e in OPTIMIZERS.items() if e.options_key == key)
+            raise ConfigError(f"optim.{key} is set but optim.name={o.name} does not use it",
+                              f"set optim.name to one that does ({users}) or remove optim.{key}")
+    if entry.options_key is not None:
         try:
-            entry.check(getattr(o, entry.options_key))
+            check_section(entry, typed_section(entry.options_key, o.options.get(entry.options_key, {})))
         except ConfigError as e:
             raise ConfigError(f"optim.{entry.options_key}: {e.what}", e.fix) from None
     if cfg.schedule.mode == "step" and not cfg.schedule.milestones:

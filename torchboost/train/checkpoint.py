@@ -190,10 +190,27 @@ def check_rng_state(state: object, source: str, fix: str) -> None:
         set_rng_state(before)
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, source: str) -> None:
-    """Each parameter's loaded state tensors have its size (a momentum or moment buffer, in any shape), one
-    value per row (a row statistic such as NorMuon's) or one value: torch's loader checks no shapes, and its
-    fused kernels (SGD's, Adam's) write past the end of a smaller buffer (a segfault, not an error)."""
+def _same_kind(built: object, loaded: object) -> bool:
+    if isinstance(built, bool) or built is None or isinstance(built, str):
+        return type(loaded) is type(built)
+    if isinstance(built, (int, float)):
+        return type(loaded) in (int, float) and math.isfinite(loaded)
+    return True  # tensors (a capturable lr), tuples (betas): torch's own loader checks what it casts
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, built: list[dict], source: str) -> None:
+    """After torch's `load_state_dict`: each group's hyperparameters are of the kind the optimizer was built
+    with (`built`: its groups before loading; a `None` weight decay reached the fused kernel as a TypeError),
+    and each parameter's state tensors have its size (a momentum or moment buffer, in any shape), one value
+    per row (a row statistic such as NorMuon's) or one value: torch's loader checks no shapes, and its fused
+    kernels (SGD's, Adam's) write past the end of a smaller buffer (a segfault, not an error)."""
+    fix = "resume from an unmodified checkpoint written by torchboost train, or start from its weights only"
+    for i, (before, group) in enumerate(zip(built, optimizer.param_groups)):
+        bad = next((k for k, v in before.items() if k != "params" and not _same_kind(v, group.get(k))), None)
+        if bad is not None:
+            raise CheckpointError(f"{source} cannot be resumed: its optimizer group {i} has {bad}="
+                                  f"{str(group.get(bad))[:40]!r} where the optimizer holds a "
+                                  f"{type(before[bad]).__name__}", fix)
     for group in optimizer.param_groups:
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from torchboost.dist import is_main as is_main_process
 from torchboost.fileio import atomic_path, atomic_write, output_error, read_regular, remove_stale_temps
+from torchboost.plotting import pyplot
 from torchboost.train.state import Callback, TrainState
 
 PLOTTED = (("train_loss", 0, "train"), ("val_loss", 0, "validation"),
@@ -101,11 +102,7 @@ class History(Callback):
         self.plot(self.directory / "history.png")
 
     def plot(self, path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")  # headless: never needs a display
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         epochs = [r["epoch"] for r in self.records]
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         try:

@@ -119,8 +119,9 @@ class Model:
             return ckpt
         try:
             if self.optimizer is not None and ckpt.get("optimizer"):
+                built = [dict(g) for g in self.optimizer.param_groups]
                 self.optimizer.load_state_dict(ckpt["optimizer"])
-                check_optimizer_state(self.optimizer, str(path))
+                check_optimizer_state(self.optimizer, built, str(path))
             if self.train_step is not None:
                 self.train_step.load_state_dict(ckpt.get("train_step", {}))
             if self.ema is not None:

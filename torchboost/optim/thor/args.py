@@ -1,7 +1,7 @@
 """THOR arguments: schedule values (float, per-update array or callable), the declared options and checks.
 
 `ThorOptions` declares what a recipe may set (`optim.thor`) in the project's one rule language
-(`torchboost.options.opt`); `check_thor_options` applies those rules (plus the Python-only arguments) and
+(`torchboost.options.option`); `check_thor_options` applies those rules (plus the Python-only arguments) and
 is what the constructors call, so a bad option gets the same one-line error from Python and from a recipe.
 """
 
@@ -14,17 +14,18 @@ import numpy as np
 from torch import Tensor
 
 from torchboost.errors import ConfigError, suggest
-from torchboost.options import check_options, opt
+from torchboost.options import check_options, option
 
 Schedule = float | Sequence[float] | np.ndarray | Tensor | Callable[[int], float]
 
 
 class Value:
-    """A float (read from the param group, so torch LR schedulers still work), a per-update array or a
-    callable of the update index."""
+    """A schedule: a float, a per-update array or a callable of the update index. A float lr is read from
+    the param group instead (`group_value`), so torch's lr schedulers act on it."""
 
     def __init__(self, value: Schedule, name: str) -> None:
         self.name, self.fn, self.array = name, None, None
+        self.constant = float(value) if isinstance(value, (int, float)) else None
         if callable(value):
             self.fn = value
         elif not isinstance(value, (int, float)):
@@ -36,7 +37,7 @@ class Value:
     def initial(self, value: Schedule) -> float:
         return float(self(0, value if isinstance(value, (int, float)) else 0.0))
 
-    def __call__(self, k: int, group_value: float) -> float:
+    def __call__(self, k: int, group_value: float | None = None) -> float:
         if self.fn is not None:
             return float(self.fn(k))
         if self.array is not None:
@@ -44,7 +45,7 @@ class Value:
                 raise ConfigError(f"THOR {self.name} schedule has {self.array.size} entries but update {k} "
                                   "needs one", f"make the {self.name} array cover every update")
             return float(self.array[k])
-        return group_value
+        return self.constant if group_value is None else group_value
 
 
 def _is_schedule_object(v: Any) -> bool:
@@ -57,65 +58,65 @@ class ThorOptions:
     """ThorPreconditioner's options that a recipe can write (`optim.thor`), with their defaults and rules.
     `damping` may also be a per-update list; in Python it may be an array or a callable of the update index."""
 
-    damping: Union[float, list[float]] = opt(0.03, gt=0, help="added to the factors' diagonal before inverting "
-                                                              "(a number, or one per update)")
-    frequency: int = opt(100, ge=1, help="updates between refreshes of the factors and their inverses")
-    split_dim: Optional[int] = opt(128, ge=1, help="block size of the block-diagonal inverse; unset: the "
-                                                   "whole matrix")
-    loss_scale: float = opt(1.0, gt=0, help="the loss scale the gradients carry (divided out of the factors)")
-    factor_interval: Optional[int] = opt(None, ge=1, help="updates between factor refreshes; unset: frequency")
-    inv_interval: Optional[int] = opt(None, ge=1, help="updates between inversions (a multiple of "
-                                                       "factor_interval); unset: frequency")
-    factor_decay: Optional[float] = opt(None, ge=0, lt=1, help="running average of the factors; unset: the "
-                                                               "latest batch only")
-    inverse_method: str = opt("cholesky", choices=("cholesky", "eigen"), help="how the damped factors are "
-                                                                              "inverted")
-    trace_threshold: Optional[float] = opt(None, ge=0, help="skip a layer's refresh while its factors' trace "
-                                                            "moved less than this share; unset: always refresh")
-    interval_growth: int = opt(1, ge=1, help="with trace_threshold: a skipped layer's interval grows by this "
-                                             "factor")
-    max_interval_mult: int = opt(8, ge=1, help="with trace_threshold: the largest interval, in frequencies")
-    loss_reduction: str = opt("mean", choices=("mean", "sum"), help="how the loss reduces over the batch "
-                                                                    "(scales the output-gradient factor)")
-    max_damping_retries: int = opt(3, ge=0, help="an inversion that fails is retried with 10x the damping "
-                                                 "this many times")
-    graft: str = opt("none", choices=("none", "grad"), help="grad: THOR's direction with each layer's plain "
-                                                            "gradient norm")
-    factor_samples: Optional[int] = opt(None, ge=1, help="batch samples the factors are built from at a "
-                                                         "refresh; unset: the whole batch")
-    split_indices: Optional[list[int]] = opt(None, ge=0, help="multi-process: layer indices where the "
-                                                              "inverses' all-reduce groups split")
-    kl_clip: Optional[float] = opt(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
-                                                    "scale every preconditioned gradient by min(1, sqrt(kl_clip "
-                                                    "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
-    max_dim: Optional[int] = opt(None, ge=1, help="a factor side wider than this keeps only its diagonal "
-                                                  "(Shampoo's max_preconditioner_dim); unset: every side blocked "
-                                                  "by split_dim")
-    batchnorm: str = opt("none", choices=("none", "unit_wise"), help="BatchNorm scale and shift: none = not "
-                                                                     "preconditioned (the plain update); unit_wise "
-                                                                     "= each channel's (scale, shift) gradient "
-                                                                     "times its damped 2x2 Fisher inverse")
+    damping: Union[float, list[float]] = option(0.03, gt=0, help="added to the factors' diagonal before inverting "
+                                                                 "(a number, or one per update)")
+    frequency: int = option(100, ge=1, help="updates between refreshes of the factors and their inverses")
+    split_dim: Optional[int] = option(128, ge=1, help="block size of the block-diagonal inverse; unset: the "
+                                                      "whole matrix")
+    loss_scale: float = option(1.0, gt=0, help="the loss scale the gradients carry (divided out of the factors)")
+    factor_interval: Optional[int] = option(None, ge=1, help="updates between factor refreshes; unset: frequency")
+    inv_interval: Optional[int] = option(None, ge=1, help="updates between inversions (a multiple of "
+                                                          "factor_interval); unset: frequency")
+    factor_decay: Optional[float] = option(None, ge=0, lt=1, help="running average of the factors; unset: the "
+                                                                  "latest batch only")
+    inverse_method: str = option("cholesky", choices=("cholesky", "eigen"), help="how the damped factors are "
+                                                                                 "inverted")
+    trace_threshold: Optional[float] = option(None, ge=0, help="skip a layer's refresh while its factors' trace "
+                                                               "moved less than this share; unset: always refresh")
+    interval_growth: int = option(1, ge=1, help="with trace_threshold: a skipped layer's interval grows by this "
+                                                "factor")
+    max_interval_mult: int = option(8, ge=1, help="with trace_threshold: the largest interval, in frequencies")
+    loss_reduction: str = option("mean", choices=("mean", "sum"), help="how the loss reduces over the batch "
+                                                                       "(scales the output-gradient factor)")
+    max_damping_retries: int = option(3, ge=0, help="an inversion that fails is retried with 10x the damping "
+                                                    "this many times")
+    graft: str = option("none", choices=("none", "grad"), help="grad: THOR's direction with each layer's plain "
+                                                               "gradient norm")
+    factor_samples: Optional[int] = option(None, ge=1, help="batch samples the factors are built from at a "
+                                                            "refresh; unset: the whole batch")
+    split_indices: Optional[list[int]] = option(None, ge=0, help="multi-process: layer indices where the "
+                                                                 "inverses' all-reduce groups split")
+    kl_clip: Optional[float] = option(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
+                                                       "scale every preconditioned gradient by min(1, sqrt(kl_clip "
+                                                       "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
+    max_dim: Optional[int] = option(None, ge=1, help="a factor side wider than this keeps only its diagonal "
+                                                     "(Shampoo's max_preconditioner_dim); unset: every side blocked "
+                                                     "by split_dim")
+    batchnorm: str = option("none", choices=("none", "unit_wise"), help="BatchNorm scale and shift: none = not "
+                                                                        "preconditioned (the plain update); unit_wise "
+                                                                        "= each channel's (scale, shift) gradient "
+                                                                        "times its damped 2x2 Fisher inverse")
 
 
 @dataclass
 class PreconditionerPythonOptions:
     """ThorPreconditioner's options that only Python callers pass (live objects, the trainer's accumulation)."""
 
-    accumulation_steps: int = opt(1, ge=1)
-    first_order_after: Optional[int] = opt(None, ge=0)  # recipes: optim.thor.first_order_epoch
-    grad_scaler: Any = opt(None)
-    process_group: Any = opt(None)
+    accumulation_steps: int = option(1, ge=1)
+    first_order_after: Optional[int] = option(None, ge=0)  # recipes: optim.thor.first_order_epoch
+    grad_scaler: Any = option(None)
+    process_group: Any = option(None)
 
 
 @dataclass
 class ThorPythonOptions(PreconditionerPythonOptions):
     """...and the THOR optimizer's own arguments."""
 
-    lr: float = opt(0.0, ge=0)
-    momentum: float = opt(0.9, ge=0)
-    weight_decay: float = opt(0.0, ge=0)
-    use_nesterov: bool = opt(False)
-    decay_filter: Any = opt(None)  # None or a callable(name) -> bool
+    lr: float = option(0.0, ge=0)
+    momentum: float = option(0.9, ge=0)
+    weight_decay: float = option(0.0, ge=0)
+    nesterov: bool = option(False)
+    decay_filter: Any = option(None)  # None or a callable(name) -> bool
 
 
 def check_thor_options(options: dict, *, preconditioner_only: bool = False) -> None:
