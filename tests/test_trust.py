@@ -277,7 +277,25 @@ def _torch_rng_garbage(state):
     state["rng"]["torch"] = torch.zeros(7, dtype=torch.uint8)
 
 
+def _short_momentum(state):  # torch's fused SGD wrote past a smaller buffer: a segfault
+    state["optimizer"]["state"][0]["momentum_buffer"] = torch.zeros(3)
+
+
+def _momentum_number(state):
+    state["optimizer"]["state"][0]["momentum_buffer"] = 0
+
+
+def _decay_none(state):  # reached the fused kernel as a TypeError
+    state["optimizer"]["param_groups"][0]["weight_decay"] = None
+
+
+def _starvation_garbage(state):
+    state["callbacks"]["DataStarvationMonitor"]["data"] = torch.zeros(2)
+
+
 @pytest.mark.parametrize("changes, words", [
+    ({"optimizer": _short_momentum}, "3 values for a parameter"), ({"optimizer": _momentum_number}, "not a tensor"),
+    ({"optimizer": _decay_none}, "weight_decay='None'"), ({"callbacks": _starvation_garbage}, "DataStarvationMonitor"),
     ({"global_step": 2**70}, "global_step"), ({"epoch": -1}, "epoch"), ({"step_in_epoch": 10**12}, "step_in_epoch"),
     ({"epoch_complete": "yes"}, "epoch_complete"), ({"rng": _rng_garbage}, "RNG state"),
     ({"rng": _python_rng_garbage}, "RNG state"), ({"rng": _torch_rng_garbage}, "RNG state"),
@@ -381,3 +399,8 @@ def test_a_dangling_output_link_says_so(tmp_path):
     (tmp_path / "out").symlink_to(tmp_path / "missing")
     assert "is a link to" in refused("train", *FAST, "--epochs", 1, "-o", tmp_path / "out")
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_saved_config_without_the_class_count_is_one_line(trained, tmp_path):
+    ckpt = tampered(trained, tmp_path, config=lambda s: s["config"]["model"].update(num_classes=None))
+    assert "model.num_classes unset" in refused("eval", "--checkpoint", ckpt)

@@ -22,7 +22,7 @@ from torchboost.fileio import check_regular
 from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
 from torchboost.recipe.resolve import resolve_config, without_top5
-from torchboost.recipe.saved import config_from_file
+from torchboost.recipe.saved import check_resolved, config_from_file
 from torchboost.recipe.validate import validate
 from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_checkpoint, load_model_state, saved_classes
 from torchboost.train.metrics import METRIC_NAMES
@@ -41,6 +41,7 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
         cfg = config_from_file(ckpt["config"], overrides, path)
+        check_resolved(cfg, path)
         # the saved config is untrusted data and --set values need train's checks; the weights it started
         # from (init_weights) need not exist where it is evaluated
         validate(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_weights=None)))

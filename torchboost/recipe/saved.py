@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from torchboost.data.pipes import PIPE
-from torchboost.errors import ConfigError
+from torchboost.errors import CheckpointError, ConfigError
 from torchboost.recipe.config import Config, build_config, parse_override
 from torchboost.recipe.diff import flatten
 
@@ -23,6 +23,20 @@ def names_command(value: object) -> bool:
     """Whether a value could run a command: `pipe:` anywhere in it (a brace pattern such as
     `{pipe:cmd,a.tar}` expands to a command too)."""
     return isinstance(value, str) and PIPE in value
+
+
+# What a run's resolved config always records (recipe.resolve fills them from the data): eval and predict build
+# the network from them without the data.
+RESOLVED_KEYS = ("model.num_classes", "model.in_chans")
+
+
+def check_resolved(cfg: Config, source: str) -> None:
+    """Refuse a saved config that lacks what the network is built from (the file was not written by train)."""
+    values = flatten(cfg.to_dict())
+    missing = [k for k in RESOLVED_KEYS if values.get(k) is None]
+    if missing:
+        raise CheckpointError(f"the config saved in {source} leaves {missing[0]} unset, which a training run "
+                              "records", f"use an unmodified checkpoint, or give it: --set {missing[0]}=N")
 
 
 def config_from_file(saved: dict, overrides: Sequence[str], source: str, trusted: Optional[Config] = None) -> Config:

@@ -215,16 +215,14 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, built: list[dict], s
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
                 sizes = (1, p.numel(), p.shape[0] if p.dim() else 1)
-                if not isinstance(value, torch.Tensor) and type(value) not in (int, float):
+                # a buffer is a tensor; only a step count may be a plain number (as older torch stored it)
+                number = key == "step" and type(value) in (int, float) and math.isfinite(value) and value >= 0
+                if not isinstance(value, torch.Tensor) and not number:
                     raise CheckpointError(f"{source} cannot be resumed: its optimizer state {key!r} is "
-                                          f"{type(value).__name__}, not a tensor or a number",
-                                          "resume from an unmodified checkpoint written by torchboost train, or "
-                                          "start from its weights only")
+                                          f"{type(value).__name__}, not a tensor", fix)
                 if isinstance(value, torch.Tensor) and value.numel() not in sizes:
                     raise CheckpointError(f"{source} cannot be resumed: its optimizer state {key!r} has "
-                                          f"{value.numel()} values for a parameter of shape {tuple(p.shape)}",
-                                          "resume from an unmodified checkpoint written by torchboost train, or "
-                                          "start from its weights only")
+                                          f"{value.numel()} values for a parameter of shape {tuple(p.shape)}", fix)
 
 
 def saved_classes(ckpt: dict, num_classes: int | None, source: str) -> list[str] | None:

@@ -10,6 +10,7 @@ data wait.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -160,8 +161,12 @@ class DataStarvationMonitor(Callback):
         return {**{k: getattr(self, k) for k in self._SUMS}, "warned": self.warned}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore from a checkpoint (untrusted): each sum a finite number, at least 0."""
         for k in self._SUMS:
-            setattr(self, k, state[k])
+            value = state[k]
+            if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{k} {str(value)[:20]!r} is not a finite sum")
+            setattr(self, k, value)
         self.warned = bool(state["warned"])  # one warning per run, a resumed run included
 
     def on_train_step_end(self, state: TrainState) -> None:
