@@ -92,14 +92,14 @@ class _Started(BaseException):
 def _count_passes(monkeypatch) -> list:
     import importlib
 
-    v = importlib.import_module("torchboost.recipe.validate")  # the package re-exports the function as `validate`
+    v = importlib.import_module("torchboost.recipe.validation")  # the package re-exports the function as `validate`
     calls, real = [], v.validate
     monkeypatch.setattr(v, "validate", lambda cfg: (calls.append(cfg), real(cfg))[1])
     return calls
 
 
 def test_a_config_passes_validation_once_unless_it_changes(monkeypatch):
-    from torchboost.recipe.validate import validated
+    from torchboost.recipe.validation import validated
 
     cfg = load_config(None, [])
     calls = _count_passes(monkeypatch)

@@ -15,7 +15,7 @@ from torchboost.errors import ConfigError
 from torchboost.recipe import config as config_mod
 from torchboost.recipe.config import Config
 from torchboost.options import leaf_fields
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 
 # Free-form sections: one bad entry each, of the kind their owner validates.
 DICT_CASES = {"optim.weight_decay_groups": {"layer4.*": "lots"}, "boost.config": {"grad_freez": {}}}

@@ -15,7 +15,7 @@ from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig, build_config
 from torchboost.recipe.data import build_dataset, load_data
 from torchboost.recipe.resolve import resolve_config
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 
 
 def test_exported_mnist5k_folder_through_build_dataset(tmp_path):

@@ -31,7 +31,7 @@ from torchboost.recipe.load import load_config
 from torchboost.recipe.optimizers import DEFAULT_LR_GRID, RACE_POLICY, race_policy
 from torchboost.recipe.race import builtin_racer
 from torchboost.recipe.reference import select
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -53,7 +53,7 @@ def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
     from .errors import ConfigError
     from .recipe.load import recipe_with_data
     from .recipe.resume import AUTO, plan_resume, restarted_by_torchrun
-    from .recipe.validate import validate
+    from .recipe.validation import validate
 
     say = log if main_process() else (lambda _: None)  # every process plans; one says what it planned
     if args.output is not None and not args.output.strip():
@@ -65,7 +65,7 @@ def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
         cfg, _, note = recipe_with_data(args.config, train_overrides(args), args.data)  # the recipe built once
         if note:
             say(note)
-        validate(cfg)  # the one pass (train_from_config does not repeat it: recipe.validate.validated)
+        validate(cfg)  # the one pass (train_from_config does not repeat it: recipe.validation.validated)
         return cfg, args.output, overwrite, None
     overrides, note = data_overrides(args.config, args.data, train_overrides(args))
     # the run's own folder and recorded config (+ --set), see recipe.resume

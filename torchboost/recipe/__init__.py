@@ -1,6 +1,6 @@
 """The application layer: a recipe (YAML + --set overrides) -> validated config -> objects -> a run.
 
-`config` holds the dataclasses and recipe files, `kinds` the data-set kinds, `validate` the one
+`config` holds the dataclasses and recipe files, `kinds` the data-set kinds, `validation` the one
 validation pass, `load` reads recipes, `data` and `resolve` fill in what is inferred from the data,
 `build` and `callbacks` turn a config into objects, `run` trains, `infer` evaluates and predicts,
 `outputs` owns the output folder, `diff` compares configs and `align` builds `torchboost align`.
@@ -11,7 +11,7 @@ from torchboost.recipe.config import Config, list_recipes
 from torchboost.recipe.infer import evaluate_checkpoint, predict_images
 from torchboost.recipe.load import load_config, load_resolved
 from torchboost.recipe.run import RunResult, train_from_config
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 
 __all__ = ["Config", "load_config", "load_resolved", "validate", "list_recipes", "train_from_config",
            "evaluate_checkpoint", "predict_images", "RunResult"]

@@ -2,7 +2,7 @@
 
 Every key is checked as it is merged: an unknown key is an error that suggests the closest valid one (a
 typo must never be ignored silently) and a value must have the field's type. The rules on values
-(choices, ranges, combinations) are checked by `recipe.validate.validate`; `recipe.load.load_config`
+(choices, ranges, combinations) are checked by `recipe.validation.validate`; `recipe.load.load_config`
 runs both.
 Keys left at None are inferred from the data when the run starts (see `recipe.resolve.resolve_config`).
 Each optimizer's options section (`optim.thor`) is not a field here: `OptimConfig.options` holds one per

@@ -23,7 +23,7 @@ from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
 from torchboost.recipe.resolve import resolve_config, without_top5
 from torchboost.recipe.saved import check_resolved, config_from_file
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_checkpoint, load_model_state, saved_classes
 from torchboost.train.metrics import METRIC_NAMES
 from torchboost.train.model import Model

@@ -12,7 +12,7 @@ from torchboost.recipe.config import Config, build_config, find_recipe, merge, p
 from torchboost.recipe.data import load_data
 from torchboost.recipe.kinds import FOLDER, get_kind
 from torchboost.recipe.resolve import resolve_config
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 
 
 def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:

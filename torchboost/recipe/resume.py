@@ -26,7 +26,7 @@ from torchboost.recipe.load import load_config
 from torchboost.recipe.outputs import previous_run
 from torchboost.recipe.resolve import without_top5
 from torchboost.recipe.saved import config_from_file
-from torchboost.recipe.validate import validate
+from torchboost.recipe.validation import validate
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 
 AUTO, LAST = "auto", "last"

@@ -32,7 +32,7 @@ from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve_config
-from torchboost.recipe.validate import validated
+from torchboost.recipe.validation import validated
 from torchboost.seed import seed_everything
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
 from torchboost.train.device import cpu_has_bf16, resolve_device
@@ -61,7 +61,7 @@ def train_from_config(cfg: Config, resume: Optional[str] = None, output: Optiona
     """Train as the config says; under torchrun, data-parallel across the ranks. `profile`: a folder for a
     torch.profiler trace of a few steps ("" = OUTPUT/profile). `overwrite` replaces an earlier run's
     files in the output folder (otherwise such a folder is refused unless resuming)."""
-    validated(cfg)  # configs built in Python get the same checks as recipe files (once: see recipe.validate)
+    validated(cfg)  # configs built in Python get the same checks as recipe files (once: see recipe.validation)
     out = output_dir(cfg, output)
     job = job_for(cfg, resume, out) if dist.read_env() is not None else None  # no job, no checkpoint to hash
     info = dist.init_distributed(timeout_s=cfg.dist.timeout_s, join_timeout_s=cfg.dist.join_timeout_s, job=job)
