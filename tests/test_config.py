@@ -111,7 +111,8 @@ def test_a_config_passes_validation_once_unless_it_changes(monkeypatch):
 
 
 @pytest.mark.parametrize("data", [False, True])
-def test_train_reads_the_recipe_once_and_validates_once(data, monkeypatch, tmp_path):
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_train_reads_the_recipe_once_and_validates_once(data, resume, monkeypatch, tmp_path):
     """`train` (also with --data) builds the recipe once and validates it once; train_from_config trusts it."""
     import torchboost.recipe.load as load
     import torchboost.recipe.run as run
@@ -124,7 +125,8 @@ def test_train_reads_the_recipe_once_and_validates_once(data, monkeypatch, tmp_p
     for split in ("train", "val"):
         for label in ("a", "b"):
             (folder / split / label).mkdir(parents=True)
-    argv = ["train", "-o", str(tmp_path / "out"), *(["--data", str(folder)] if data else [])]
+    argv = ["train", "-o", str(tmp_path / "out"), *(["--data", str(folder)] if data else []),
+            *(["--resume", resume] if resume else [])]  # `auto` with nothing to continue: a new run
     with pytest.raises(_Started):
         main(argv)
     assert len(reads) == 1 and len(calls) == 1

@@ -36,18 +36,6 @@ def main_process() -> bool:
     return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def data_overrides(recipe: Optional[str], data: Optional[str], overrides: Sequence[str]
-                   ) -> tuple[list[str], Optional[str]]:
-    """`overrides` plus what `--data FOLDER` means (data.path; when the recipe's data set is built in and reads
-    no path, also data.dataset=folder: "this image folder instead"), and the note saying so, or None."""
-    from .recipe.load import recipe_with_data
-
-    if not data:
-        return list(overrides), None
-    _, overrides, note = recipe_with_data(recipe, overrides, data)
-    return overrides, note
-
-
 def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
     """(config, output folder, overwrite, checkpoint to resume or None) for `train`'s arguments."""
     from .errors import ConfigError
@@ -67,9 +55,9 @@ def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
             say(note)
         validate(cfg)  # the one pass (train_from_config does not repeat it: recipe.validation.validated)
         return cfg, args.output, overwrite, None
-    overrides, note = data_overrides(args.config, args.data, train_overrides(args))
+    built, overrides, note = recipe_with_data(args.config, train_overrides(args), args.data)  # read once
     # the run's own folder and recorded config (+ --set), see recipe.resume
-    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, say)
+    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, say, built=built)
     if note and plan.checkpoint is None:  # `auto` found nothing to continue: a new run, told what it reads
         say(note)
     return plan.config, str(plan.output), plan.overwrite, str(plan.checkpoint) if plan.checkpoint else None
@@ -283,6 +271,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     from .errors import ConfigError, suggest
     from .recipe import load_resolved
+    from .recipe.load import recipe_with_data
     from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, race_setup, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
     from .train.device import device_name
@@ -295,10 +284,10 @@ def _cmd_race(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} names {unused[0]}, which is not among --optimizers "
                               f"{' '.join(args.optimizers)}", suggest(unused[0], args.optimizers))
     batch = [] if args.batch_size is None else [f"data.batch_size={args.batch_size}"]
-    overrides, note = data_overrides(args.config, args.data, [*(args.set or []), *batch])  # as `train` reads --data
+    built, overrides, note = recipe_with_data(args.config, [*(args.set or []), *batch], args.data)  # as `train` reads --data
     if note:
         print(note)
-    cfg, train_ds, eval_ds = load_resolved(args.config, overrides)
+    cfg, train_ds, eval_ds = load_resolved(built=built)  # the recipe read once
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
     print("\n".join(lines))  # what is raced, before the first of many runs
     racers = [r for name in args.optimizers

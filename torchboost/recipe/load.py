@@ -12,7 +12,7 @@ from torchboost.recipe.config import Config, build_config, find_recipe, merge, p
 from torchboost.recipe.data import load_data
 from torchboost.recipe.kinds import FOLDER, get_kind
 from torchboost.recipe.resolve import resolve_config
-from torchboost.recipe.validation import validate
+from torchboost.recipe.validation import validate, validated
 
 
 def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
@@ -42,8 +42,10 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     return cfg, overrides + extra, note
 
 
-def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> tuple[Config, Dataset, Dataset]:
-    """(resolved config, training set, evaluation set): what a run would build, without boost."""
-    cfg = load_config(recipe, overrides)
+def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None
+                  ) -> tuple[Config, Dataset, Dataset]:
+    """(resolved config, training set, evaluation set): what a run would build, without boost. `built`: the
+    recipe + overrides already built (`recipe_with_data`), validated here instead of read again."""
+    cfg = load_config(recipe, overrides) if built is None else validated(built)
     data, train_ds, eval_ds = load_data(cfg)
     return resolve_config(cfg, data, train_ds, None), train_ds, eval_ds

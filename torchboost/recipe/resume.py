@@ -26,7 +26,7 @@ from torchboost.recipe.load import load_config
 from torchboost.recipe.outputs import previous_run
 from torchboost.recipe.resolve import without_top5
 from torchboost.recipe.saved import config_from_file
-from torchboost.recipe.validation import validate
+from torchboost.recipe.validation import validate, validated
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 
 AUTO, LAST = "auto", "last"
@@ -127,11 +127,13 @@ def _breaking(keys) -> list[str]:
 
 
 def plan_resume(spec: str, recipe: Optional[str], overrides: Sequence[str], output: Optional[str],
-                overwrite: bool = False, force: bool = False, log: Callable[[str], None] = print) -> ResumePlan:
+                overwrite: bool = False, force: bool = False, log: Callable[[str], None] = print,
+                built: Optional[Config] = None) -> ResumePlan:
+    """`built`: the recipe + overrides already built (`recipe_with_data`), validated instead of read again."""
     if overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces one", "choose one of them")
     if spec in (AUTO, LAST):
-        asked = load_config(recipe, overrides)
+        asked = load_config(recipe, overrides) if built is None else validated(built)
         out = Path(output or asked.output.format(name=asked.name))
         found = newest_checkpoint(out, asked.checkpoint.prefix)
         if found is None:
