@@ -11,10 +11,10 @@ library then): `import torchboost` and the `torchboost` command's start import n
 
 from __future__ import annotations
 
-import importlib
 
 from torchboost.errors import (CheckpointError, ConfigError, DataError, DistributedError, OutputError,
                                TorchboostError, TrainingError)
+from torchboost.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -37,14 +37,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A name of `_EXPORTS`, imported from its module the first time it is read (then a plain attribute)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'torchboost' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

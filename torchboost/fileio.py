@@ -66,7 +66,10 @@ def confine_writes(root: str | os.PathLike) -> Iterator[None]:
         _CONFINED.remove(entry)
 
 
-def _within(path: Path, folder: Path) -> bool:
+def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether normalised path `path` is `folder` or lies under it (compared by parts, not by text: /a/bc is
+    not under /a/b)."""
+    path, folder = Path(path), Path(folder)
     return path == folder or folder in path.parents
 
 
@@ -86,11 +89,11 @@ def check_inside(path: str | os.PathLike) -> Path:
     path = Path(path)
     lexical = Path(os.path.abspath(path))
     for root, real in _CONFINED:
-        if _within(lexical, root) and lexical != root:
+        if within(lexical, root) and lexical != root:
             target = Path(os.path.realpath(lexical))
-            if not _within(target, real):
+            if not within(target, real):
                 shown = next((p for p in [*reversed(lexical.parents), lexical]
-                              if _within(p, root) and p != root and os.path.islink(p)), lexical)
+                              if within(p, root) and p != root and os.path.islink(p)), lexical)
                 raise OutputError(f"{printable(str(shown))} is a link out of the folder {printable(str(root))} "
                                   f"(to {printable(str(target))})",
                                   "remove the link (the tool never writes or deletes through one), or choose "

@@ -6,7 +6,6 @@ when first used (`_EXPORTS` names what comes from them): a run on a built-in set
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, set_epoch
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset, passthrough_collate
+from torchboost.lazy import lazy_exports
 from torchboost.data.transforms import (AUGMENTS, IMAGENET_MEAN, IMAGENET_STD, EvalTransform, FlipTransform,
                                         ImageTransform, ShiftTransform, TrainTransform, eval_transform,
                                         normalize_batch, train_transform)
@@ -61,14 +61,4 @@ def build_loader(dataset: Dataset, batch_size: int, train: bool, *, workers: int
         prefetch_factor=prefetch_factor if workers > 0 else None)
 
 
-def __getattr__(name: str):
-    """A name of `_EXPORTS`, imported from its module the first time it is read (then a plain attribute)."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'torchboost.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, default_collate
 from torchboost.data.sampling import sample_rng
 from torchboost.data.transforms import ImageTransform
 from torchboost.errors import DataError, printable
-from torchboost.fileio import open_regular
+from torchboost.fileio import open_regular, within
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 # What Pillow raises for an unreadable file: OSError (UnidentifiedImageError, truncated data), SyntaxError
@@ -73,11 +73,6 @@ def find_classes(root: str | Path) -> list[str]:
     return classes
 
 
-def _within(path: str, folder: str) -> bool:
-    """Whether real path `path` is `folder` or lies under it (`/` included)."""
-    return os.path.commonpath([path, folder]) == folder
-
-
 def class_files(folder: Path) -> list[str]:
     """Sorted image paths under one class folder (recursively, following links, each real folder once: a
     link back into the class must not multiply it); at least one. A linked folder that holds other classes'
@@ -90,7 +85,7 @@ def class_files(folder: Path) -> list[str]:
         if real in seen:
             dirs[:] = []
             continue
-        if not _within(real, top) and (_within(split, real) or _within(real, split)):
+        if not within(real, top) and (within(split, real) or within(real, split)):
             raise DataError(f"{d} in class folder {folder} links to {real}, which holds other classes' images "
                             f"(they would be labelled {Path(folder).name})",
                             "remove the link, or link to a folder outside the data set")
