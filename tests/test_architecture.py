@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "torchboost"
-LIBRARY = ("models", "data", "optim", "train", "boost", "dist", "migrate", "errors", "fileio", "losses", "seed")
+LIBRARY = ("models", "data", "optim", "train", "boost", "dist", "migrate", "compat", "deploy", "errors", "fileio",
+           "losses", "seed")
 APPLICATION = ("recipe",)
 FACES = ("cli", "bench", "debug", "__main__")
 

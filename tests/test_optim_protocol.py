@@ -15,7 +15,6 @@ from torchboost.boost.dim_reduce import DimReduce
 from torchboost.models import create_model
 from torchboost.optim.protocol import TrainerProtocol, protocol_of
 from torchboost.optim.registry import OPTIMIZERS, OptimizerArgs, build_optimizer
-from torchboost.train.loss_scale import DynamicLossScaleManager
 from torchboost.train.step import TrainStep
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torchboost"
@@ -37,11 +36,11 @@ def test_every_registry_entry_speaks_the_protocol(name):
     whatever uses it (THOR's preconditioner); a plain torch optimizer gets the defaults."""
     net = _net()
     opt = build_optimizer(name, net, OptimizerArgs(lr=0.01))
-    scale = DynamicLossScaleManager(init_loss_scale=2.0**10)
-    step = TrainStep(net, nn.CrossEntropyLoss(), opt, loss_scale=scale)
+    scale = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    step = TrainStep(net, nn.CrossEntropyLoss(), opt, grad_scaler=scale)
     assert step.protocol.needs_closure is False
     if name.startswith("thor"):
-        assert opt.preconditioner.grad_scaler is scale.scaler
+        assert opt.preconditioner.grad_scaler is scale
     else:
         assert protocol_of(opt) is not opt or isinstance(opt, TrainerProtocol)
     out = step([_batch()], 0)
@@ -86,6 +85,39 @@ def test_hooks_registered_on_the_thor_wrapper_fire_and_schedulers_reach_the_inne
     restored = build_optimizer("thor_muon", _net(), OptimizerArgs(lr=0.02))
     restored.load_state_dict(opt.state_dict())
     assert restored.optimizer.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_the_lr_has_one_source_the_param_groups_which_one_schedule_writes():
+    """THOR's per-update lr array (MindSpore's) is a schedule on torch's step pre-hook that writes the groups'
+    lr, read back at the checkpointed update index; a second schedule on the same optimizer is refused."""
+    from torchboost.errors import ConfigError
+    from torchboost.optim.thor import THOR
+
+    lrs = [0.1, 0.05, 0.025, 0.0125]
+    net = _net()
+    opt = THOR(net, lr=torch.tensor(lrs, dtype=torch.float64), damping=0.1, frequency=2)
+    x, y = _batch()
+    seen = []
+    opt.register_step_post_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"]))
+    for _ in range(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    assert seen == lrs[:2]
+    twin_net = _net()
+    twin = THOR(twin_net, lr=lambda k: lrs[k], damping=0.1, frequency=2)
+    twin.load_state_dict(opt.state_dict())  # a resumed run continues the schedule at update 2
+    twin.register_step_post_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"]))
+    nn.functional.cross_entropy(twin_net(x), y).backward()
+    twin.step()
+    assert seen == lrs[:3]
+    with pytest.raises(ConfigError, match="already follows its own per-update lr"):
+        TrainStep(net, nn.CrossEntropyLoss(), opt, lr_schedule=[0.1] * 4)
+    plain_net = _net()
+    plain = THOR(plain_net, lr=0.1, damping=0.1)  # a number: the step's schedule (or torch's schedulers) set it
+    step = TrainStep(plain_net, nn.CrossEntropyLoss(), plain, lr_schedule=[0.3, 0.2])
+    step([_batch()], 1)
+    assert [g["lr"] for g in plain.param_groups] == [0.2] * len(plain.param_groups)
 
 
 def _probes(tree: ast.AST) -> list[str]:

@@ -162,16 +162,37 @@ def test_a_shift_as_large_as_half_the_image_is_refused(tmp_path, capsys):
     assert "data.random_shift=4" in err and "8-px" in err and not (tmp_path / "o").exists()
 
 
-def test_fp16_autocast_on_cpu_is_warned_about():
+def test_fp16_autocast_without_loss_scaling_is_warned_about():
     import torch
 
     from torchboost.recipe.config import build_config
     from torchboost.recipe.run import warnings_for
 
-    cfg = build_config({"train": {"amp_level": "O3", "amp_dtype": "float16"}})
-    assert any("fp16 autocast on CPU" in n for n in warnings_for(cfg, torch.device("cpu"), 1))
-    bf16 = build_config({"train": {"amp_level": "O3", "amp_dtype": "bfloat16"}})
-    assert not any("fp16" in n for n in warnings_for(bf16, torch.device("cpu"), 1))
+    def warned(train: dict) -> bool:
+        return any("float16 autocast without loss scaling" in n
+                   for n in warnings_for(build_config({"train": train}), torch.device("cpu"), 1))
+
+    assert warned({"amp_dtype": "float16"}) and warned({"amp_level": "O3", "amp_dtype": "float16"})
+    assert not warned({"amp_dtype": "float16", "loss_scale": "dynamic"})
+    assert not warned({"amp_level": "O2", "amp_dtype": "float16"})  # MindSpore's O2 adds dynamic scaling
+    assert not warned({"amp_dtype": "bfloat16"}) and not warned({})
+
+
+@pytest.mark.parametrize("train, want", [
+    ({"amp_level": "O0"}, ("none", False, "none")),
+    ({"amp_level": "O1"}, ("auto", False, "none")),
+    ({"amp_level": "O2", "amp_dtype": "float16"}, ("float16", False, "dynamic")),
+    ({"amp_dtype": "float16", "amp_level": "O2"}, ("float16", False, "dynamic")),  # key order does not matter
+    ({"amp_level": "O2", "amp_dtype": "bfloat16"}, ("bfloat16", False, "none")),
+    ({"amp_level": "O2", "amp_dtype": "float16", "loss_scale": "fixed"}, ("float16", False, "fixed")),
+    ({"amp_level": "O3"}, ("auto", True, "none")),
+])
+def test_mindspore_amp_levels_become_torch_keys(train, want):
+    from torchboost.recipe.config import build_config, dump_config
+
+    cfg = build_config({"train": train})
+    assert (cfg.train.amp_dtype, cfg.train.cast_network, cfg.train.loss_scale) == want
+    assert "amp_level" not in dump_config(cfg)  # the saved config speaks torch's vocabulary only
 
 
 def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):

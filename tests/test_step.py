@@ -11,7 +11,7 @@ from torchboost.optim.protocol import TrainerProtocol
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.train.ema import ModelEMA
 from torchboost.train.hooks import StepHook
-from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager
+from torchboost.compat.mindspore import DynamicLossScaleManager, FixedLossScaleManager
 from torchboost.train.step import TrainStep
 
 
@@ -80,7 +80,7 @@ def test_clipping_matches_the_global_norm_formula_on_unscaled_grads():
     net = tiny_net()
     ref = Reference(net)
     step = TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=1.0), clip_global_norm=0.05,
-                     loss_scale=FixedLossScaleManager(1024.0, drop_overflow_update=True))
+                     grad_scaler=FixedLossScaleManager(1024.0, drop_overflow_update=True))
     step([(x, y)], 0)
     _, g = ref.grads(x, y)
     norm = torch.sqrt(sum((gi ** 2).sum() for gi in g))
@@ -134,7 +134,7 @@ def test_dynamic_loss_scale_skips_and_halves_on_gradient_overflow():
     before = copy.deepcopy(net.state_dict())
     scaler = DynamicLossScaleManager(init_loss_scale=2.0**10, scale_factor=2, scale_window=1000)
     loss_fn = NaNGradLoss()
-    step = TrainStep(net, loss_fn, torch.optim.SGD(net.parameters(), lr=0.1), loss_scale=scaler)
+    step = TrainStep(net, loss_fn, torch.optim.SGD(net.parameters(), lr=0.1), grad_scaler=scaler)
     out = step([(x, y)], 0)
     assert torch.isfinite(out.loss) and out.skipped and not out.nonfinite
     assert scaler.get_loss_scale() == 2.0**9
@@ -151,7 +151,7 @@ def test_fixed_loss_scale_keeps_scale_and_unscales():
     net = tiny_net()
     ref = Reference(net)
     scaler = FixedLossScaleManager(128.0)
-    TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), loss_scale=scaler)([(x, y)], 0)
+    TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), grad_scaler=scaler)([(x, y)], 0)
     _, g = ref.grads(x, y)
     ref.sub_([0.1 * gi for gi in g])  # the update of the unscaled gradient
     assert scaler.get_loss_scale() == 128.0

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from torchboost.errors import ConfigError
-from torchboost.optim.thor import THOR, thor
+from torchboost.compat.mindspore import thor
+from torchboost.optim.thor import THOR
 from thor_nets import batch, direction, linear_stats, mlp, train_step
 
 

@@ -32,7 +32,7 @@ def test_bf16_channels_last_uint8_training_converges_on_mnist5k():
     net.conv2.register_forward_hook(lambda m, i, o: seen.append((o.dtype, o.is_contiguous(
         memory_format=torch.channels_last))))
     opt = torch.optim.Adam(net.parameters(), lr=2e-3, foreach=True)
-    model = Model(net, torch.nn.CrossEntropyLoss(), opt, amp_level="O1", amp_dtype=torch.bfloat16,
+    model = Model(net, torch.nn.CrossEntropyLoss(), opt, amp_dtype=torch.bfloat16,
                   channels_last=True, input_norm=(train.mean, train.std), device="cpu")
     model.train(1, build_loader(train, 32, True, seed=0))  # 125 updates
     assert seen[0] == (torch.bfloat16, True)  # the fast paths really ran

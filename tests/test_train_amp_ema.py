@@ -8,9 +8,17 @@ import torch
 from torch import nn
 
 from torchboost.train.ema import ModelEMA
-from torchboost.train.loss_scale import DynamicLossScaleManager
+from torchboost.compat import mindspore
+from torchboost.compat.mindspore import DynamicLossScaleManager
 from torchboost.train.model import Model
 from train_tiny import batches, tiny_model, tiny_net
+
+
+def ms_model(lr: float = 0.1, **kw) -> mindspore.Model:
+    """tiny_model's network and optimizer under MindSpore's Model signature (amp_level, loss_scale_manager)."""
+    net = tiny_net()
+    return mindspore.Model(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9),
+                           device="cpu", **kw)
 
 
 def activation_dtypes(model):
@@ -38,7 +46,7 @@ def cosine(a, b):
 
 
 def test_o3_casts_the_whole_network_to_bf16():
-    model = tiny_model(lr=0.1, amp_level="O3")
+    model = ms_model(lr=0.1, amp_level="O3")
     assert all(p.dtype == torch.bfloat16 for p in model.network.parameters())
     seen = activation_dtypes(model)
     x, y = batches(1)[0]
@@ -54,7 +62,7 @@ def test_o3_casts_the_whole_network_to_bf16():
 
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_o1_o2_bf16_keep_fp32_weights_and_need_no_loss_scale(level):
-    model = tiny_model(amp_level=level)
+    model = ms_model(amp_level=level)
     assert model.loss_scale_manager is None and model.autocast_dtype == torch.bfloat16
     seen = activation_dtypes(model)
     model.train(1, batches(2))
@@ -63,10 +71,11 @@ def test_o1_o2_bf16_keep_fp32_weights_and_need_no_loss_scale(level):
 
 
 def test_o2_fp16_adds_dynamic_loss_scaling_that_halves_on_each_overflow():
-    model = tiny_model(lr=0.1, amp_level="O2", amp_dtype="float16")
+    model = ms_model(lr=0.1, amp_level="O2", amp_dtype="float16")
     scaler = model.loss_scale_manager
     assert isinstance(scaler, DynamicLossScaleManager) and scaler.get_loss_scale() == 2.0**24
-    assert tiny_model(amp_level="O1", amp_dtype="float16").loss_scale_manager is None  # O1: MindSpore's rule
+    assert model.train_step.grad_scaler is scaler  # the same scaler torch's vocabulary calls grad_scaler
+    assert ms_model(amp_level="O1", amp_dtype="float16").loss_scale_manager is None  # O1: MindSpore's rule
     model.optimizer.param_groups[0]["momentum"] = 0.0
     seen = activation_dtypes(model)
     x, y = batches(1)[0]

@@ -22,13 +22,15 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CrossEntropySmooth": "torchboost.losses",
     "create_model": "torchboost.models", "list_models": "torchboost.models",
-    "THOR": "torchboost.optim", "thor": "torchboost.optim", "get_thor_lr": "torchboost.optim",
+    "THOR": "torchboost.optim", "get_thor_lr": "torchboost.optim",
     "get_thor_damping": "torchboost.optim",
     "seed_everything": "torchboost.seed",
     **dict.fromkeys(("Model", "TrainStep", "StepOptions", "TrainState", "StepHook", "Callback", "LossMonitor",
                      "TimeMonitor", "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",
-                     "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "FixedLossScaleManager",
-                     "DynamicLossScaleManager"), "torchboost.train"),
+                     "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "FixedGradScaler"),
+                    "torchboost.train"),
+    # MindSpore's names (torchboost.compat.mindspore translates them to the ones above)
+    **dict.fromkeys(("thor", "FixedLossScaleManager", "DynamicLossScaleManager"), "torchboost.compat.mindspore"),
 }
 
 __all__ = [

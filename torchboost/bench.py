@@ -140,8 +140,8 @@ def build_model(opts: BenchOptions, device: torch.device,
     net = create_model(opts.model, num_classes=opts.num_classes, in_chans=channels, **kw).to(device)
     opt = optimizer(net) if optimizer else build_optimizer(DEFAULT_OPTIMIZER, net, OptimizerArgs(lr=1e-3))
     dtype = PRECISIONS[opts.precision]
-    amp = "O0" if dtype is None else "O2" if dtype == torch.float16 else "O1"  # O2 adds loss scaling for fp16
-    return Model(net, nn.CrossEntropyLoss(), opt, amp_level=amp, device=device, amp_dtype=dtype,
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None  # fp16 needs loss scaling
+    return Model(net, nn.CrossEntropyLoss(), opt, device=device, amp_dtype=dtype, grad_scaler=scaler,
                  channels_last=opts.channels_last, input_norm=DEFAULT_STATS[channels], compile=opts.compile)
 
 

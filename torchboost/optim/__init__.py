@@ -5,7 +5,7 @@ from torchboost.optim.groups import param_groups
 from torchboost.optim.muon import MuonAdamW, muon_optimizer
 from torchboost.optim.schedules import build_lr_schedule
 from torchboost.optim.thor import (THOR, ThorPreconditioned, ThorPreconditioner, check_thor_options, get_thor_damping,
-                                   get_thor_lr, thor, thor_muon)
+                                   get_thor_lr, thor_muon)
 
-__all__ = ["THOR", "thor", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
+__all__ = ["THOR", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
            "get_thor_lr", "get_thor_damping", "MuonAdamW", "muon_optimizer", "param_groups", "build_lr_schedule"]

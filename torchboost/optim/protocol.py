@@ -4,7 +4,7 @@
 
 - `step()` / `step(closure)`: torch's. `needs_closure` says the step re-evaluates the loss itself (DimReduce's
   line search) and must be given a closure.
-- `attach_loss_scale(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
+- `attach_grad_scaler(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
   backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
 - per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
   (a head at 10x the backbone's lr); `optim.groups.param_groups` and `scale_lr_of` set it. Torch allows
@@ -29,7 +29,7 @@ class TrainerProtocol:
 
     needs_closure: ClassVar[bool] = False
 
-    def attach_loss_scale(self, scaler: torch.amp.GradScaler | None) -> None:
+    def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""
 
 

@@ -21,7 +21,7 @@ from torchboost.recipe.config import Config
 from torchboost.recipe.optimizers import library_options
 from torchboost.train.checkpoint import classifier_head
 from torchboost.train.ema import ModelEMA
-from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
+from torchboost.train.loss_scale import FixedGradScaler
 
 
 def build_model(cfg: Config) -> nn.Module:
@@ -91,12 +91,14 @@ def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:
                              power=s.power)
 
 
-def build_loss_scale(cfg: Config, device: torch.device) -> LossScaleManager | None:
+def build_grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler | None:
+    """train.loss_scale as a GradScaler: dynamic halves on overflow and doubles after 2000 clean updates
+    (MindSpore's and torch's defaults agree)."""
     t = cfg.train
     if t.loss_scale == "fixed":
-        return FixedLossScaleManager(t.loss_scale_value, t.drop_overflow_update, device=device.type)
+        return FixedGradScaler(t.loss_scale_value, t.skip_overflow, device=device.type)
     if t.loss_scale == "dynamic":
-        return DynamicLossScaleManager(init_loss_scale=t.loss_scale_value, device=device.type)
+        return torch.amp.GradScaler(device.type, init_scale=t.loss_scale_value, growth_interval=2000)
     return None
 
 

@@ -1,4 +1,5 @@
-"""Config -> the callbacks of a training run (monitors, checkpoints, history, TensorBoard, profiling)."""
+"""Config -> the callbacks of a training run (monitors, checkpoints, and the loggers train.loggers names:
+TensorBoard, the history files, MLflow; profiling)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Callable, Optional
 
 from torch.utils.data import DataLoader
 
+from torchboost import dist
 from torchboost.recipe.config import Config
+from torchboost.recipe.diff import flatten
 from torchboost.recipe.kinds import get_kind
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeBackbone, History, LossMonitor,
                                         ModelCheckpoint, ProgressBar, TensorBoard, TimeMonitor)
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
+from torchboost.train.tracking import MLflowLogger, local_store, tracking_uri_from_env
 
 
 def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: Optional[str],
@@ -31,11 +35,36 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
                                        restore_best=t.restore_best))
     if t.freeze_backbone_epochs:
         callbacks.insert(0, FreezeBackbone(t.freeze_backbone_epochs))
-    callbacks += [ckpt_cb, History(out)]
+    loggers = t.loggers
+    callbacks.append(ckpt_cb)
+    if "csv" in loggers:
+        callbacks.append(History(out))
     if profile is not None:
         callbacks.append(ProfilerCallback(profile or out / "profile"))
-    try:
-        callbacks.append(TensorBoard(out / "tensorboard"))
-    except ImportError:
-        log("note: TensorBoard not installed; `pip install tensorboard` for event files")
+    if "tensorboard" in loggers:
+        try:
+            callbacks.append(TensorBoard(out / "tensorboard"))
+        except ImportError:
+            log("note: TensorBoard not installed; `pip install tensorboard` for event files")
+    if "mlflow" in loggers:  # last: it logs what the others added to the epoch's results
+        callbacks.append(mlflow_logger(cfg, out, ckpt_cb))
     return callbacks, ckpt_cb
+
+
+def mlflow_logger(cfg: Config, out: Path, ckpt_cb: ModelCheckpoint) -> MLflowLogger:
+    """The store: train.mlflow.tracking_uri, else MLFLOW_TRACKING_URI, else OUTPUT/mlflow (a SQLite file and its
+    artifacts, nothing written outside the run folder). Parameters: the resolved config, flat; artifacts at the
+    end: the best checkpoint (else the last) and config.yaml."""
+    m = cfg.train.mlflow
+    uri = m.tracking_uri or tracking_uri_from_env()
+    location, confine = None, None
+    if uri is None:
+        (uri, location), confine = local_store(out), out
+
+    def artifacts() -> list[tuple[Optional[Path], Optional[str]]]:
+        best = ckpt_cb.best_path if ckpt_cb.best is not None and ckpt_cb.best_path.is_file() else ckpt_cb.last_path
+        return [(best, "checkpoints"), (out / "config.yaml", None)]
+
+    return MLflowLogger(uri, m.experiment or cfg.name, run_name=Path(out).resolve().name,
+                        params=flatten(cfg.to_dict()), tags={"torchboost.output": str(Path(out).resolve())},
+                        artifacts=artifacts, artifact_location=location, confine=confine, rank=dist.get_rank())

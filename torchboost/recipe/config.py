@@ -142,20 +142,36 @@ class EmaConfig:
                                                                    "or averaged too")
 
 
+LOGGERS = ("tensorboard", "csv", "mlflow")
+
+
+@dataclass
+class MlflowSection:
+    tracking_uri: Optional[str] = option(None, help="train.loggers has mlflow: the tracking store (sqlite:///PATH, "
+                                                    "http://HOST:5000, ...), this key before MLFLOW_TRACKING_URI; unset: "
+                                                    "MLFLOW_TRACKING_URI when set, else OUTPUT/mlflow/mlflow.db")
+    experiment: Optional[str] = option(None, help="train.loggers has mlflow: the MLflow experiment; unset: the run's "
+                                                  "name")
+
+
 @dataclass
 class TrainConfig:
     epochs: int = option(3, ge=1, le=1_000_000, help="passes over the training data")
     seed: int = option(0, ge=0, le=2**32 - 1, help="seed of every random choice (weights, order, augmentation)")
     device: str = option("auto", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)")
-    amp_level: str = option("O0", choices=("O0", "O1", "O2", "O3"),
-                            help="mixed precision (MindSpore's levels): O0 float32; O1 and O2 autocast (O2 adds "
-                                 "dynamic loss scaling for float16); O3 the whole network in low precision")
-    amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"),
-                            help="low-precision type; auto: bfloat16, or float16 on GPUs without bfloat16")
-    loss_scale: str = option("none", choices=("none", "fixed", "dynamic"), help="loss scaling for float16")
+    amp_dtype: str = option("none", choices=("none", "auto", "bfloat16", "float16"),
+                            help="mixed precision: the forward under torch.autocast in this type; none: float32; "
+                                 "auto: bfloat16, or float16 on GPUs without bfloat16 (MindSpore's amp_level is "
+                                 "read too: O0 none, O1 auto, O2 auto + dynamic loss_scale for float16, O3 "
+                                 "cast_network)")
+    cast_network: bool = option(False, help="with amp_dtype: the network's weights in that type too (MindSpore's "
+                                            "O3), not only the forward's arithmetic")
+    loss_scale: str = option("none", choices=("none", "fixed", "dynamic"),
+                             help="loss scaling for float16 (torch.amp.GradScaler; fixed: a constant scale)")
     loss_scale_value: float = option(128.0, gt=0, le=2.0**64, help="loss_scale=fixed: the scale (the start value "
                                                                    "for dynamic)")
-    drop_overflow_update: bool = option(False, help="loss_scale=fixed: skip a step whose gradients overflowed")
+    skip_overflow: bool = option(False, help="loss_scale=fixed: skip an update whose gradients overflowed "
+                                             "(MindSpore's drop_overflow_update; dynamic always skips)")
     clip_global_norm: Optional[float] = option(None, gt=0, help="clip gradients to this global L2 norm")
     clip_value: Optional[float] = option(None, gt=0, help="clip every gradient element to +-this")
     accumulation_steps: int = option(1, ge=1, help="micro-batches summed per optimizer step")
@@ -165,6 +181,10 @@ class TrainConfig:
     log_every: int = option(50, ge=1, help="steps between loss lines in the log")
     progress_bar: bool = option(True, help="a progress bar per epoch on a terminal")
     per_batch_accuracy: bool = option(False, help="also log training accuracy per batch (costs a sync)")
+    loggers: list[str] = option(factory=lambda: ["tensorboard", "csv"], choices=LOGGERS,
+                                help="where the run's metrics go: tensorboard (OUTPUT/tensorboard, when installed), csv "
+                                     "(history.jsonl, .csv and .png), mlflow (see train.mlflow.*; needs pip install "
+                                     "'torchboost[tracking]')")
     eval_every: int = option(1, ge=1, help="epochs between evaluations")
     monitor: str = option("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"),
                           help="the metric that picks the best checkpoint and drives early stopping")
@@ -179,6 +199,7 @@ class TrainConfig:
     freeze_backbone_epochs: int = option(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
                                                                       "head for this many epochs first")
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
+    mlflow: MlflowSection = dataclasses.field(default_factory=MlflowSection)
 
 
 @dataclass
@@ -236,8 +257,13 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
     fields = {f.name: f for f in dataclasses.fields(obj) if not is_sections(f)}
     pools = [getattr(obj, f.name) for f in dataclasses.fields(obj) if is_sections(f)]
     hints = typing.get_type_hints(type(obj))
-    for key, value in data.items():
+    aliases = ALIASES.get(type(obj), {})
+    for key, value in [*((k, v) for k, v in data.items() if k not in aliases),
+                       *((k, v) for k, v in data.items() if k in aliases)]:  # an alias reads its section's keys
         where = f"{prefix}{key}"
+        if key in aliases:
+            aliases[key](obj, value, where)
+            continue
         pool = next((p for p in pools if key in p), None)
         if pool is not None and key not in fields:  # an option section, written flat: optim.thor
             if dataclasses.is_dataclass(pool[key]):
@@ -254,6 +280,30 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
             setattr(obj, key, _deep_merge(current, value))
         else:
             setattr(obj, key, check_type(value, hints[key], where))
+
+
+def _amp_level(train: TrainConfig, value: Any, where: str) -> None:
+    """MindSpore's train.amp_level, written as the torch keys it means (torchboost.compat.mindspore)."""
+    from torchboost.compat.mindspore import level_of
+
+    level = level_of(check_type(value, str, where))
+    if not level.autocast:
+        train.amp_dtype, train.cast_network = "none", False
+        return
+    if train.amp_dtype == "none":
+        train.amp_dtype = "auto"
+    train.cast_network = level.cast_network
+    if level.scale_float16 and train.amp_dtype == "float16" and train.loss_scale == "none":
+        train.loss_scale = "dynamic"
+
+
+def _drop_overflow_update(train: TrainConfig, value: Any, where: str) -> None:
+    train.skip_overflow = check_type(value, bool, where)
+
+
+# MindSpore's names for keys, read where a recipe, --set or a saved config gives them; the config holds only
+# torch's (`torchboost.compat.mindspore` says what each means)
+ALIASES = {TrainConfig: {"amp_level": _amp_level, "drop_overflow_update": _drop_overflow_update}}
 
 
 def _suggest_key(where: str, key: str, obj: Any, prefix: str) -> str:

@@ -25,7 +25,7 @@ from torchboost.recipe.manifest import MANIFEST, read_manifest, still_ours
 # Files only `torchboost train` writes at the top of a run folder: a folder holding them (or a manifest)
 # holds a run. The per-rank worklogs in log/ are only ever appended to: not evidence of another run.
 RUN_FILES = ("config.yaml", "history.jsonl", "history.csv", "history.png")
-RUN_DIRS = ("ckpt", "tensorboard", "profile")
+RUN_DIRS = ("ckpt", "tensorboard", "profile", "mlflow")
 
 
 def previous_run(out: Path) -> list[str]:

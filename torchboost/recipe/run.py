@@ -23,7 +23,7 @@ from torchboost import dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
-from torchboost.recipe.build import (build_ema, build_loss, build_loss_scale, build_model, optimizer_from_config,
+from torchboost.recipe.build import (build_ema, build_grad_scaler, build_loss, build_model, optimizer_from_config,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
@@ -35,7 +35,7 @@ from torchboost.recipe.resolve import fit_batch, resolve_config
 from torchboost.recipe.validation import validated
 from torchboost.seed import seed_everything
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
-from torchboost.train.device import cpu_has_bf16, resolve_device
+from torchboost.train.device import amp_dtype_for, cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
 from torchboost.train.step import StepOptions
 
@@ -158,8 +158,9 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     if skipped:
         log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a note")
     if info.is_main:
-        log(f"outputs: checkpoints in {out / 'ckpt'}, history in {out / 'history.jsonl'} and "
-            f"{out / 'history.png'}, resolved config in {out / 'config.yaml'}")
+        history = (f", history in {out / 'history.jsonl'} and {out / 'history.png'}"
+                   if "csv" in run_cfg.train.loggers else "")  # train.loggers without csv writes none
+        log(f"outputs: checkpoints in {out / 'ckpt'}{history}, resolved config in {out / 'config.yaml'}")
     return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
 
 
@@ -268,7 +269,7 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
     ema = build_ema(cfg, net)
     optimizer = (boost_optimizer(plan, net) if plan is not None else None) or \
         optimizer_from_config(cfg, net, lr, steps_per_epoch)  # DimReduce when boost's dim_reduce is on
-    loss_scale = build_loss_scale(cfg, device)  # TrainStep gives its scaler to the optimizer (optim.protocol)
+    scaler = build_grad_scaler(cfg, device)  # TrainStep gives it to the optimizer (optim.protocol)
     wrapped = net
     if info.world_size > 1 and not adasum:  # Adasum combines weight deltas itself: no gradient averaging
         freeze = plan is not None and plan.on("grad_freeze")  # frozen layers produce no gradient that step
@@ -281,8 +282,11 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
                        compute_accuracy=True,  # train top-1 feeds the history's train/validation gap
                        input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
                        nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps)
-    model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_level=t.amp_level,
-                  loss_scale_manager=loss_scale, device=device, amp_dtype=None if t.amp_dtype == "auto" else t.amp_dtype,
+    amp_dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
+    if t.cast_network:
+        net.to(amp_dtype)  # the weights too (MindSpore's O3): DDP above wraps the same module
+    model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_dtype=amp_dtype,
+                  grad_scaler=scaler, device=device,
                   accumulation_steps=t.accumulation_steps, compile=cfg.model.compile, options=step)
     return model, lr
 
@@ -303,13 +307,14 @@ def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str
     if cfg.data.workers > cores:
         notes.append(f"data.workers={cfg.data.workers} on {cores} CPU cores: more workers than cores compete "
                      f"with training for the CPU; try data.workers={max(cores - 1, 0)}")
-    amp = cfg.train.amp_level != "O0" and cfg.train.amp_dtype in ("auto", "bfloat16")
-    if amp and device.type == "cpu" and not cpu_has_bf16():
-        notes.append(f"train.amp_level={cfg.train.amp_level} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX):"
-                     " it is emulated and about 2x slower than fp32; use --set train.amp_level=O0 here")
-    if cfg.train.amp_level != "O0" and cfg.train.amp_dtype == "float16" and device.type == "cpu":
-        notes.append("fp16 autocast on CPU: without loss scaling its small gradients underflow (measured: training "
-                     "stays at chance); use train.amp_dtype=bfloat16 (or auto) on CPU, or add train.loss_scale=dynamic")
+    t = cfg.train
+    dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
+    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16():
+        notes.append(f"train.amp_dtype={t.amp_dtype} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX): it is "
+                     "emulated and about 2x slower than fp32; use --set train.amp_dtype=none here")
+    if dtype == torch.float16 and t.loss_scale == "none":
+        notes.append("float16 autocast without loss scaling: its small gradients underflow (measured on CPU: "
+                     "training stays at chance); add --set train.loss_scale=dynamic, or use train.amp_dtype=bfloat16")
     return notes
 
 

@@ -52,6 +52,7 @@ def validate(cfg: Config) -> None:
     _check_model(cfg)
     _check_optim(cfg)
     _check_train(cfg)
+    _check_loggers(cfg)
     _check_checkpoint(cfg)
     _check_output(cfg)
     try:
@@ -159,6 +160,24 @@ NAME_MAX = 255  # bytes in one file name on Linux/macOS file systems
 LONGEST_SUFFIX = "-99999_999999.pt.tmp-9999999999"  # checkpoint name + atomic temp suffix, generously
 
 
+def _check_loggers(cfg: Config) -> None:
+    """train.mlflow.* only with the mlflow logger; that logger only with MLflow installed (what its store needs)."""
+    t, m = cfg.train, cfg.train.mlflow
+    if "mlflow" not in t.loggers:
+        unused = [k for k in ("tracking_uri", "experiment") if getattr(m, k) is not None]
+        if unused:
+            raise ConfigError(f"train.mlflow.{unused[0]} is set but train.loggers={t.loggers} has no mlflow",
+                              "add mlflow to train.loggers, or leave train.mlflow unset")
+        return
+    from torchboost.train.tracking import INSTALL, missing_modules, required_modules, tracking_uri_from_env
+
+    uri = m.tracking_uri or tracking_uri_from_env() or "sqlite:"  # unset: a SQLite store in the run folder
+    missing = missing_modules(required_modules(uri))
+    if missing:
+        raise ConfigError(f"train.loggers has mlflow but {', '.join(missing)} is not installed",
+                          f"{INSTALL}, or drop mlflow from train.loggers")
+
+
 def _check_checkpoint(cfg: Config) -> None:
     """checkpoint.prefix is a file name inside the run's ckpt/ folder, never a path out of it."""
     prefix = cfg.checkpoint.prefix
@@ -205,3 +224,6 @@ def _check_train(cfg: Config) -> None:
     if t.clip_global_norm is not None and t.clip_value is not None:
         raise ConfigError("train.clip_global_norm and train.clip_value are both set", "choose one way to clip")
 
+    if t.cast_network and t.amp_dtype == "none":
+        raise ConfigError("train.cast_network=true needs a low-precision type, but train.amp_dtype=none",
+                          "set train.amp_dtype (auto, bfloat16 or float16), or cast_network=false")

@@ -1,5 +1,5 @@
 """Training library: `Model` (train/eval/predict), `TrainStep` (one update), callbacks, checkpoints, EMA,
-loss scaling, metrics and profiling callbacks. No config and no CLI here: `torchboost.recipe` builds these
+loss scaling (torch.amp.GradScaler, FixedGradScaler), metrics and profiling callbacks. No config and no CLI here: `torchboost.recipe` builds these
 from a recipe."""
 
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, History, LossMonitor, ModelCheckpoint,
@@ -8,7 +8,7 @@ from torchboost.train.checkpoint import atomic_save, load_checkpoint, load_model
 from torchboost.train.device import resolve_device
 from torchboost.train.ema import ModelEMA
 from torchboost.train.hooks import StepHook
-from torchboost.train.loss_scale import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
+from torchboost.train.loss_scale import FixedGradScaler
 from torchboost.train.model import Model
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback, TrainState
@@ -17,6 +17,5 @@ from torchboost.train.step import StepOptions, StepOutput, TrainStep
 __all__ = [
     "Model", "TrainStep", "StepOptions", "StepOutput", "StepHook", "Callback", "TrainState", "LossMonitor", "TimeMonitor",
     "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "TensorBoard", "ProgressBar",
-    "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "LossScaleManager", "FixedLossScaleManager",
-    "DynamicLossScaleManager", "atomic_save", "load_checkpoint", "load_model_state", "resolve_device",
+    "DataStarvationMonitor", "ProfilerCallback", "ModelEMA", "FixedGradScaler", "atomic_save", "load_checkpoint", "load_model_state", "resolve_device",
 ]

@@ -44,6 +44,9 @@ def amp_dtype_for(device: torch.device, requested: Optional[str | torch.dtype] =
         return requested
     if requested in ("bfloat16", "float16"):
         return getattr(torch, requested)
+    if requested not in (None, "auto"):
+        raise ConfigError(f"amp_dtype={requested!r} is not a low-precision type",
+                          "use 'auto', 'bfloat16', 'float16' or a torch dtype (None trains in float32)")
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16

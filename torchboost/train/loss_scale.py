@@ -1,48 +1,33 @@
-"""MindSpore's loss-scale managers, built on torch.amp.GradScaler."""
+"""Loss scaling in torch's vocabulary: `torch.amp.GradScaler`, plus a fixed scale that may apply overflowing
+updates (MindSpore's `FixedLossScaleManager(drop_overflow_update=False)`, whose names live in
+`torchboost.compat.mindspore`)."""
 
 from __future__ import annotations
+
+from typing import Any, Optional
 
 import torch
 
 
-class LossScaleManager:
-    """Holds a GradScaler; `drop_overflow_update` says whether an update with inf/NaN gradients is skipped."""
+class FixedGradScaler(torch.amp.GradScaler):
+    """A GradScaler whose scale never changes. With skip_overflow=False an update whose gradients overflowed
+    is applied anyway (what MindSpore does by default; GradScaler always skips it)."""
 
-    drop_overflow_update = True
+    def __init__(self, scale: float = 128.0, skip_overflow: bool = True, device: str = "cpu") -> None:
+        super().__init__(device, init_scale=scale, growth_interval=2**31 - 1)
+        self.fixed_scale = float(scale)
+        self.skip_overflow = skip_overflow
 
-    def __init__(self, scaler: torch.amp.GradScaler) -> None:
-        self.scaler = scaler
+    def update(self, new_scale: Optional[float | torch.Tensor] = None) -> None:
+        super().update(new_scale=self.fixed_scale)  # GradScaler would halve on overflow; a fixed scale must not
 
-    def get_loss_scale(self) -> float:
-        return float(self.scaler.get_scale())
-
-    def update(self) -> None:
-        self.scaler.update()
-
-    def state_dict(self) -> dict:
-        return self.scaler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.scaler.load_state_dict(state)
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Optional[float]:
+        if self.skip_overflow:
+            return super().step(optimizer, *args, **kwargs)
+        return optimizer.step(*args, **kwargs)  # gradients already unscaled (TrainStep unscales first)
 
 
-class FixedLossScaleManager(LossScaleManager):
-    """A constant scale (MindSpore default 128). With drop_overflow_update=False (MindSpore's default) the
-    update is applied even when gradients overflow, exactly like MindSpore."""
-
-    def __init__(self, loss_scale: float = 128.0, drop_overflow_update: bool = False, device: str = "cpu") -> None:
-        super().__init__(torch.amp.GradScaler(device, init_scale=loss_scale, growth_interval=2**31 - 1))
-        self.loss_scale = float(loss_scale)
-        self.drop_overflow_update = drop_overflow_update
-
-    def update(self) -> None:
-        self.scaler.update(new_scale=self.loss_scale)  # GradScaler would halve on overflow; a fixed scale must not
-
-
-class DynamicLossScaleManager(LossScaleManager):
-    """Halve on overflow (update skipped), double after `scale_window` clean updates (MindSpore's defaults)."""
-
-    def __init__(self, init_loss_scale: float = 2.0**24, scale_factor: float = 2.0, scale_window: int = 2000,
-                 device: str = "cpu") -> None:
-        super().__init__(torch.amp.GradScaler(device, init_scale=init_loss_scale, growth_factor=scale_factor,
-                                              backoff_factor=1.0 / scale_factor, growth_interval=scale_window))
+def skips_overflow(scaler: Optional[torch.amp.GradScaler]) -> bool:
+    """Whether an update whose (unscaled) gradients hold inf/NaN is dropped: always, but for a FixedGradScaler
+    told otherwise."""
+    return not isinstance(scaler, FixedGradScaler) or scaler.skip_overflow

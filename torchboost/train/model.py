@@ -20,34 +20,29 @@ from ..data.sampling import set_epoch
 from ..errors import CheckpointError, ConfigError, TrainingError, printable
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
-from .loss_scale import DynamicLossScaleManager, LossScaleManager
 from .metrics import METRIC_NAMES, MetricAccumulator
 from .device import amp_dtype_for, cpu_has_bf16, resolve_device
 from .step import StepOptions, TrainStep, prepare_input
 
-AMP_LEVELS = ("O0", "O1", "O2", "O3")
-
-
 class Model:
-    """High-level train/eval/predict around a network.
+    """High-level train/eval/predict around a network, in torch's vocabulary.
 
-    amp_level (MindSpore's): O0 fp32; O1 and O2 autocast (O2 adds dynamic loss scaling when the low
-    precision is fp16, as MindSpore does); O3 casts the whole network to the low precision.
-    The update's own options (clipping, EMA, schedule, hooks, non-finite policy...) are `StepOptions`, given
-    as `options=` or as its keyword arguments (`Model(net, loss, opt, clip_global_norm=1.0)`); Model sets the
-    autocast dtype (from amp_level/amp_dtype) and the loss scale (loss_scale_manager) itself.
+    amp_dtype: None trains in float32; "bfloat16", "float16" or a torch dtype runs the forward under
+    torch.autocast in it; "auto" picks bfloat16, or float16 on GPUs without it. MindSpore's
+    `amp_level`/`loss_scale_manager` are accepted by `torchboost.compat.mindspore.Model`, which translates them.
+    The update's own options (a `grad_scaler` for float16, clipping, EMA, schedule, hooks, non-finite
+    policy...) are `StepOptions`, given as `options=` or as its keyword arguments
+    (`Model(net, loss, opt, grad_scaler=torch.amp.GradScaler(), clip_global_norm=1.0)`); Model sets the
+    autocast dtype from amp_dtype.
     """
 
     def __init__(self, network: nn.Module, loss_fn: Optional[nn.Module] = None,
                  optimizer: Optional[torch.optim.Optimizer] = None,
-                 metrics: Optional[Iterable[str]] = None, amp_level: str = "O0",
-                 loss_scale_manager: Optional[LossScaleManager] = None, *,
+                 metrics: Optional[Iterable[str]] = None, *,
                  device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
                  accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep, compile: bool = False,
                  options: Optional[StepOptions] = None, **step_options: Any) -> None:
         options = StepOptions.of(options, **step_options)
-        if amp_level not in AMP_LEVELS:
-            raise ConfigError(f"amp_level={amp_level!r} is not one of {', '.join(AMP_LEVELS)}", "use O0, O1, O2 or O3")
         if accumulation_steps < 1:
             raise ConfigError(f"accumulation_steps must be >= 1, got {accumulation_steps}", "use 1 to disable")
         self.device = resolve_device(device)
@@ -59,17 +54,12 @@ class Model:
         self.loss_fn, self.optimizer = loss_fn, optimizer
         # resolves aliases ("acc", "top5") and rejects unknown names now rather than at the first evaluation
         self.metrics = tuple(MetricAccumulator(metrics).names) if metrics is not None else METRIC_NAMES
-        self.amp_level = amp_level
-        self.autocast_dtype = None if amp_level == "O0" else amp_dtype_for(self.device, amp_dtype)
+        self.autocast_dtype = None if amp_dtype is None else amp_dtype_for(self.device, amp_dtype)
         if self.autocast_dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_bf16():
-            warnings.warn(f"amp_level={amp_level}: this CPU has no bf16 units (no AVX-512-BF16/AMX), so bf16 is "
-                          "emulated and about 2x slower than fp32 here; use amp_level=O0 on this machine",
-                          stacklevel=2)
-        if amp_level == "O3":
-            self.network.to(self.autocast_dtype)
-        if loss_scale_manager is None and amp_level == "O2" and self.autocast_dtype == torch.float16:
-            loss_scale_manager = DynamicLossScaleManager(device=self.device.type)
-        self.loss_scale_manager = loss_scale_manager
+            warnings.warn("amp_dtype=bfloat16: this CPU has no bf16 units (no AVX-512-BF16/AMX), so bf16 is "
+                          "emulated and about 2x slower than fp32 here; train in float32 (amp_dtype=None) on "
+                          "this machine", stacklevel=2)
+        self.grad_scaler = options.grad_scaler
         self.accumulation_steps = accumulation_steps
         self.channels_last = options.channels_last
         self.ema = options.ema
@@ -77,7 +67,7 @@ class Model:
         # torch.compile wraps the forward; the bare module keeps the state dict and the EMA/hook targets.
         self.compiled = torch.compile(self.network) if compile else self.network
         if optimizer is not None and loss_fn is not None:
-            options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype, loss_scale=loss_scale_manager)
+            options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype)
             self.train_step = step_cls(self.compiled, loss_fn, optimizer, options, device=self.device,
                                        ema_model=self.module)
         self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)

@@ -17,10 +17,11 @@ from torch import nn
 
 from .. import dist
 from ..errors import ConfigError, TrainingError, suggest
-from ..optim.protocol import lr_scale, protocol_of
+from ..optim.lr import follows_schedule, set_lr
+from ..optim.protocol import protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
-from .loss_scale import LossScaleManager
+from .loss_scale import skips_overflow
 
 
 def prepare_input(x: torch.Tensor, device: torch.device, channels_last: bool = False,
@@ -60,7 +61,7 @@ class StepOptions:
     keyword arguments that become one)."""
 
     autocast_dtype: Optional[torch.dtype] = None  # forward under torch.autocast in this dtype
-    loss_scale: Optional[LossScaleManager] = None  # scaled backward, unscale, overflow check
+    grad_scaler: Optional[torch.amp.GradScaler] = None  # scaled backward, unscale, overflow check
     clip_global_norm: Optional[float] = None
     clip_value: Optional[float] = None
     ema: Optional[ModelEMA] = None  # updated after each applied update
@@ -100,7 +101,7 @@ class TrainStep:
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.device = torch.device(device)
         # the options as attributes: what the step's pieces (and a subclass's) read
-        self.autocast_dtype, self.loss_scale = o.autocast_dtype, o.loss_scale
+        self.autocast_dtype, self.grad_scaler = o.autocast_dtype, o.grad_scaler
         self.clip_global_norm, self.clip_value = o.clip_global_norm, o.clip_value
         self.ema, self.hooks, self.lr_schedule = o.ema, list(o.hooks), o.lr_schedule
         self.channels_last, self.compute_accuracy, self.input_norm = o.channels_last, o.compute_accuracy, o.input_norm
@@ -111,7 +112,11 @@ class TrainStep:
         self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss
         # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
         self.protocol = protocol_of(optimizer)
-        self.protocol.attach_loss_scale(o.loss_scale.scaler if o.loss_scale is not None else None)
+        self.protocol.attach_grad_scaler(o.grad_scaler)
+        if o.lr_schedule is not None and follows_schedule(optimizer):  # optim.lr: one schedule writes the lr
+            raise ConfigError("the optimizer already follows its own per-update lr schedule (an lr array or "
+                              "callable given to it), and an lr_schedule was given to the step too",
+                              "give the schedule once: a number as the optimizer's lr, and lr_schedule here")
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,16 +137,14 @@ class TrainStep:
     def set_lr(self, step: int) -> None:
         if self.lr_schedule is None:
             return
-        lr = float(self.lr_schedule[min(step, len(self.lr_schedule) - 1)])
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr * lr_scale(g)  # each group's share of the schedule (a head at 10x, AdamW beside Muon)
+        set_lr(self.optimizer, float(self.lr_schedule[min(step, len(self.lr_schedule) - 1)]))
 
     def params_with_grad(self) -> list[torch.Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
 
     # --- the step -----------------------------------------------------------------------------------
     def __call__(self, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]], step: int) -> StepOutput:
-        model, opt, scaler = self.model, self.optimizer, self.loss_scale
+        model, opt, scaler = self.model, self.optimizer, self.grad_scaler
         self.set_lr(step)
         for h in self.hooks:
             h.before_update(step)
@@ -158,7 +161,7 @@ class TrainStep:
             with sync:
                 loss, logits = self.forward_loss(x, y)
                 scaled = loss / n
-                (scaler.scaler.scale(scaled) if scaler else scaled).backward()
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
             loss_sum += loss.detach().float() * y.shape[0]
             samples += y.shape[0]
             if correct is not None:
@@ -169,7 +172,7 @@ class TrainStep:
             return StepOutput(loss=loss, samples=samples, correct=correct, skipped=True, nonfinite=True)
 
         overflow = self.unscale_and_check()
-        drop = overflow and (scaler is None or scaler.drop_overflow_update)
+        drop = overflow and skips_overflow(scaler)
         if not drop:
             for h in self.hooks:
                 h.on_gradients(model)
@@ -207,9 +210,9 @@ class TrainStep:
 
     def unscale_and_check(self) -> bool:
         """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
-        if self.loss_scale is None:
+        if self.grad_scaler is None:
             return False
-        self.loss_scale.scaler.unscale_(self.optimizer)
+        self.grad_scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params_with_grad()]
         if not grads:
             return False
@@ -227,7 +230,7 @@ class TrainStep:
             self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_global_norm)
 
     def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        opt, scaler = self.optimizer, self.loss_scale
+        opt, scaler = self.optimizer, self.grad_scaler
         if self.protocol.needs_closure:  # e.g. DimReduce's line search re-evaluates the loss
             x, y = self.to_device(*batch)
 
@@ -236,21 +239,21 @@ class TrainStep:
                 return self.forward_loss(x, y)[0].float()
 
             opt.step(closure)
-        elif scaler is not None and scaler.drop_overflow_update:
-            scaler.scaler.step(opt)  # gradients are already unscaled; GradScaler skips on inf as a safety net
+        elif scaler is not None:
+            scaler.step(opt)  # gradients are already unscaled; GradScaler skips on inf (FixedGradScaler may not)
         else:
             opt.step()
 
     def state_dict(self) -> dict:
         state = {f"hook{i}": h.state_dict() for i, h in enumerate(self.hooks)}
         state["nonfinite_streak"] = self.nonfinite_streak
-        if self.loss_scale is not None:
-            state["loss_scale"] = self.loss_scale.state_dict()
+        if self.grad_scaler is not None:
+            state["loss_scale"] = self.grad_scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         for i, h in enumerate(self.hooks):
             h.load_state_dict(state.get(f"hook{i}", {}))
         self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
-        if self.loss_scale is not None and "loss_scale" in state:
-            self.loss_scale.load_state_dict(state["loss_scale"])
+        if self.grad_scaler is not None and "loss_scale" in state:
+            self.grad_scaler.load_state_dict(state["loss_scale"])

@@ -10,10 +10,10 @@ the preconditioner in front of any optimizer as one Optimizer (`ThorPrecondition
 """
 
 from torchboost.optim.thor.args import check_thor_options
-from torchboost.optim.thor.optimizer import THOR, thor
+from torchboost.optim.thor.optimizer import THOR
 from torchboost.optim.thor.preconditioner import ThorPreconditioner
 from torchboost.optim.thor.schedules import get_thor_damping, get_thor_lr
 from torchboost.optim.thor.wrap import ThorPreconditioned, thor_muon
 
-__all__ = ["THOR", "thor", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
+__all__ = ["THOR", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
            "get_thor_lr", "get_thor_damping"]

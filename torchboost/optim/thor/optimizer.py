@@ -18,7 +18,7 @@ gradient (with a one-time warning if it has one) and its refresh is retried at e
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torchboost.errors import ConfigError
 from torchboost.optim.thor.args import Schedule, Value, check_thor_options
 from torchboost.optim.closure import evaluate_closure
+from torchboost.optim.lr import follow_schedule
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
 
 
@@ -35,8 +36,7 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     accepted here) followed by MindSpore's momentum update.
 
     `decay_filter(name) -> bool` (False = no weight decay for that parameter); `loss_scale` is a fixed
-    loss scale applied by the caller (MindSpore's FixedLossScaleManager): gradients are divided by it, G by
-    its square. The damping has one source, the preconditioner's schedule: `opt.preconditioner.damping_at()`
+    loss scale the caller applies (a FixedGradScaler): gradients are divided by it, G by its square. The damping has one source, the preconditioner's schedule: `opt.preconditioner.damping_at()`
     reads it, `opt.preconditioner.set_damping(...)` replaces it.
     """
 
@@ -47,14 +47,16 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         check_thor_options(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                                 decay_filter=decay_filter, **preconditioner))
         self.preconditioner = ThorPreconditioner(model, damping, frequency, split_dim, loss_scale, **preconditioner)
-        self._lr = Value(lr, "lr")
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             if p.requires_grad:
                 (decay if decay_filter is None or decay_filter(name) else no_decay).append(p)
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        defaults = dict(lr=self._lr.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+        schedule = Value(lr, "lr")
+        defaults = dict(lr=schedule.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__([g for g in groups if g["params"]], defaults)
+        if schedule.constant is None:  # MindSpore's per-update lr array (or a callable): it writes the groups' lr
+            follow_schedule(self, schedule, lambda: self.update_index)
 
     # the preconditioner's state, under the names THOR has always had
     layers = property(lambda self: self.preconditioner.layers)
@@ -70,11 +72,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
-        k = self.update_index
-        lrs = [self._lr(k, group["lr"]) for group in self.param_groups]
-        self.preconditioner.step(lrs[0])
-        for group, lr in zip(self.param_groups, lrs):
-            group["lr"] = lr
+        self.preconditioner.step(self.param_groups[0]["lr"])
+        for group in self.param_groups:
             self._sgd_update(group)
         return loss
 
@@ -124,18 +123,3 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         """Detach THOR's hooks from the model (the optimizer stops refreshing curvature)."""
         self.preconditioner.remove_hooks()
 
-
-def thor(net: nn.Module, lr: Schedule, damping: Schedule, momentum: float, weight_decay: float = 0.0,
-         loss_scale: float = 1.0, batch_size: int = 32, use_nesterov: bool = False,
-         decay_filter: Callable[[str], bool] | None = None, split_indices: Sequence[int] | None = None,
-         frequency: int = 100, **kwargs: Any) -> THOR:
-    """MindSpore-shaped factory, with MindSpore's argument names (`use_nesterov` is torch's `nesterov`):
-    `thor(net, lr, damping, momentum, weight_decay, loss_scale, batch_size, split_indices=None,
-    frequency=100)`. `batch_size` is only validated: THOR reads each step's real batch
-    size from the layer inputs, so a smaller last batch is scaled exactly. `split_indices` sets the
-    all-reduce fusion groups of the factors, as in MindSpore. Extra keyword arguments go to THOR."""
-    if batch_size < 1:
-        raise ConfigError(f"thor: batch_size must be >= 1, got {batch_size}", "pass the per-device batch size")
-    return THOR(net, lr, damping, momentum=momentum, weight_decay=weight_decay, frequency=frequency,
-                loss_scale=loss_scale, nesterov=use_nesterov, decay_filter=decay_filter,
-                split_indices=split_indices, **kwargs)

@@ -325,5 +325,5 @@ class PreconditionedProtocol(TrainerProtocol):
 
     preconditioner: ThorPreconditioner
 
-    def attach_loss_scale(self, scaler: torch.amp.GradScaler | None) -> None:
+    def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler

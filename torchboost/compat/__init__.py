@@ -1,0 +1,3 @@
+"""Other frameworks' names for torchboost's things, each framework in one module (`mindspore`)."""
+
+__all__ = ["mindspore"]

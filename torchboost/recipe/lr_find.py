@@ -1,0 +1,76 @@
+"""`torchboost lr-find` and `race --lr-find`: the lr range test (train.lr_find) on a recipe's model, data and
+optimizers, each optimizer built exactly as `train` and `race` build it and started from the same weights."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+from torch.utils.data import Dataset
+
+from torchboost.data import build_loader
+from torchboost.fileio import atomic_path, atomic_write, confine_writes
+from torchboost.plotting import pyplot
+from torchboost.recipe.build import build_loss, build_model, optimizer_from_config
+from torchboost.recipe.config import Config
+from torchboost.recipe.race import racer_config
+from torchboost.seed import seed_everything
+from torchboost.train.device import resolve_device
+from torchboost.train.lr_find import LrFindResult, find_lr, lr_find_figure, lr_sweep
+from torchboost.train.step import TrainStep
+
+DEFAULT_RANGE = (1e-6, 1.0)
+DEFAULT_UPDATES = 200
+
+
+def lr_find(cfg: Config, train_ds: Dataset, names: Iterable[str], start: float = DEFAULT_RANGE[0],
+            end: float = DEFAULT_RANGE[1], updates: int = DEFAULT_UPDATES) -> dict[str, LrFindResult]:
+    """One sweep per optimizer name, each from the recipe's seed (same weights, same batch order)."""
+    lrs = lr_sweep(start, end, updates)
+    device = resolve_device(cfg.train.device)
+    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+    results = {}
+    for name in names:
+        run = racer_config(cfg, name)
+        seed_everything(cfg.train.seed)
+        model = build_model(run).to(device)
+        loader = build_loader(train_ds, run.data.batch_size, True, seed=cfg.train.seed)
+        optimizer = optimizer_from_config(run, model, float(lrs[0]), len(loader))
+        step = TrainStep(model, build_loss(run), optimizer, input_norm=norm, device=device)
+        results[name] = find_lr(step, loader, lrs)
+    return results
+
+
+def centred_grid(grid: Iterable[float], suggestion: float) -> tuple[float, ...]:
+    """`grid` moved on the log scale so that its geometric centre is `suggestion` (its ratios kept), each value
+    rounded to 2 significant digits."""
+    grid = tuple(grid)
+    centre = math.exp(sum(math.log(g) for g in grid) / len(grid))
+    return tuple(dict.fromkeys(float(f"{g * suggestion / centre:.2g}") for g in grid))
+
+
+def format_results(results: dict[str, LrFindResult]) -> str:
+    rows = [f"{'optimizer':<14} {'suggested lr':>12} {'lowest loss at':>14}  note"]
+    for name, r in results.items():
+        sug = f"{r.suggestion:.3g}" if r.suggestion is not None else "none"
+        low = f"{r.min_loss_lr:.3g}" if r.min_loss_lr is not None else "-"
+        note = r.stopped or f"ran all {len(r.lrs)} updates"
+        if r.suggestion is None:
+            note += "; the loss never fell: widen the range (--start/--end) or check the data"
+        rows.append(f"{name:<14} {sug:>12} {low:>14}  {note}")
+    return "\n".join(rows)
+
+
+def write_results(results: dict[str, LrFindResult], meta: dict, out: Path) -> tuple[Path, Path]:
+    """OUT/lr-find.json (every sweep, the settings) and OUT/lr-find.png, written inside OUT only."""
+    with confine_writes(out):
+        path = atomic_write(out / "lr-find.json", json.dumps(
+            {"settings": meta, "results": {k: r.to_dict() for k, r in results.items()}}, indent=1))
+        fig = lr_find_figure(results)
+        png = out / "lr-find.png"
+        with atomic_path(png) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")  # format: the temp name does not end in .png
+        pyplot().close(fig)
+    return path, png
