@@ -65,6 +65,7 @@ def stop_before_work(monkeypatch, tmp_path):
     monkeypatch.setattr("torchboost.bench.data_rate", started)
     monkeypatch.setattr("torchboost.data.export.find_samples", started)  # export-shards, once its input is checked
     monkeypatch.setattr("torchboost.dist.agent.run_agent", started)  # launch, once every process's run is checked
+    monkeypatch.setattr("torchboost.recipe.lr_find.find_lr", started)  # lr-find / race --lr-find, once built
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)
 
@@ -170,6 +171,7 @@ def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
         "recipes": ["recipes"],
         "export-folder": ["export-folder", "--dataset", "digits", "--out", str(out / "f")],
         "export-shards": ["export-shards", inputs["folder"], str(out / "s")],
+        "export": ["export", inputs["ckpt"], str(out / "m.ts")],  # TorchScript: the quickest format to write
         "options": ["options"],
         "launch": ["launch", "train", "--config", "digits-lenet", "-o", str(out / "l")],
         "convert": ["convert", inputs["ckpt"], str(out / "w.safetensors"), "--arch", "none"],
@@ -178,6 +180,7 @@ def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
         "debug-layers": ["debug-layers", "-c", "digits-lenet"],
         "race": ["race", "-c", "digits-lenet", "--optimizers", "sgd", "--seeds", "1", "--epochs", "1",
                  "-o", str(out / "r")],
+        "lr-find": ["lr-find", "-c", "digits-lenet", "--updates", "20", "-o", str(out / "lf")],
         "bench": ["bench", "--model", "mnist_cnn", "--image-size", "8", "--batch-size", "2", "--steps", "1",
                   "--mode", "train"],
     }[name]

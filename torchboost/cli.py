@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 import time
@@ -161,6 +162,18 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .recipe.export import export_checkpoint
+
+    info, fmt = export_checkpoint(args.checkpoint, args.out, args.format, config=args.config,
+                                  overrides=args.set or [])
+    stats = " ".join(f"{name} ({', '.join(f'{v:.4g}' for v in values)})" for name, values in
+                     (("mean", info.mean), ("std", info.std)))
+    print(f"wrote {printable(args.out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
+          f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes")
+    return 0
+
+
 def _cmd_recipes(args: argparse.Namespace) -> int:
     import itertools
 
@@ -290,6 +303,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
     cfg, train_ds, eval_ds = load_resolved(built=built)  # the recipe read once
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
     print("\n".join(lines))  # what is raced, before the first of many runs
+    if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
+        grids.update(_lr_find_grids(cfg, train_ds, [n for n in args.optimizers if n not in grids]))
     racers = [r for name in args.optimizers
               for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     targets = tuple(args.targets)
@@ -309,6 +324,48 @@ def _cmd_race(args: argparse.Namespace) -> int:
         if is_thor(racer.name) and len(racers) > 1:
             print(headline(summary, racer.name))
     json_path, png = save(lanes)
+    print(f"results: {json_path}; plot: {png}")
+    return 0
+
+
+def _lr_find_grids(cfg, train_ds, names: list[str]) -> dict[str, tuple[float, ...]]:
+    from .recipe.lr_find import centred_grid, lr_find
+    from .recipe.optimizers import race_policy
+
+    grids = {}
+    for name, result in lr_find(cfg, train_ds, names).items():
+        if result.suggestion is None:
+            print(f"lr-find: {name}'s loss never fell in the sweep; racing its default grid")
+            continue
+        grids[name] = centred_grid(race_policy(name).lr_grid, result.suggestion)
+        print(f"lr-find: {name} suggests lr {result.suggestion:.3g}; racing {','.join(f'{g:g}' for g in grids[name])}")
+    return grids
+
+
+def _cmd_lr_find(args: argparse.Namespace) -> int:
+    import torch
+
+    from .recipe import load_resolved
+    from .recipe.load import recipe_with_data
+    from .recipe.lr_find import format_results, lr_find, write_results
+    from .recipe.resolve import fit_batch
+
+    torch.set_num_threads(args.threads)
+    batch = [] if args.batch_size is None else [f"data.batch_size={args.batch_size}"]
+    built, overrides, note = recipe_with_data(args.config, [*(args.set or []), *batch], args.data)
+    cfg, train_ds, _ = load_resolved(built=built)
+    cfg, fitted = fit_batch(cfg, len(train_ds), 1)
+    for line in (note, fitted and f"note: {fitted}"):
+        if line:
+            print(line)
+    names = args.optimizers or [cfg.optim.name]
+    print(f"lr range test on recipe {args.config}: lr {args.start:g} to {args.end:g} over {args.updates} updates "
+          f"(batch {cfg.data.batch_size}), {', '.join(names)}")
+    results = lr_find(cfg, train_ds, names, args.start, args.end, args.updates)
+    print(format_results(results))
+    meta = {"recipe": args.config, "overrides": overrides, "start": args.start, "end": args.end,
+            "updates": args.updates, "batch_size": cfg.data.batch_size, "threads": args.threads}
+    json_path, png = write_results(results, meta, Path(args.output or f"runs/lr-find-{cfg.name}"))
     print(f"results: {json_path}; plot: {png}")
     return 0
 
@@ -362,6 +419,16 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
 
 
 positive_int = int_between(1, 2**31 - 1)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
 DIAGNOSTIC_BATCH = int_between(1, 1024)  # align / debug-layers look at one batch: its activations are kept
 
 
@@ -423,7 +490,9 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     e.set_defaults(func=_cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes of image files (or every image in folders)")
-    pr.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights in any format with --config")
+    pr.add_argument("--checkpoint", required=True, help="a training checkpoint, weights in any format with --config, "
+                                                       "or an .onnx from `torchboost export` (run by ONNX Runtime, "
+                                                       "preprocessed as it records)")
     pr.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
     pr.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     pr.add_argument("--topk", type=positive_int, default=5, help="classes to show per image (default 5)")
@@ -455,6 +524,17 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                          "lists, their offsets); without it such a folder is refused. Other files in OUT are "
                          "always left alone, as train leaves them in its output folder")
     xs.set_defaults(func=_cmd_export_shards)
+
+    ex = sub.add_parser("export", help="write a checkpoint for deployment: ONNX, TorchScript or an ExportedProgram, "
+                                       "with its input size, normalisation and class names recorded")
+    ex.add_argument("checkpoint", metavar="CKPT", help="a training checkpoint, or weights with --config")
+    ex.add_argument("out", metavar="OUT", help="file to write: .onnx, .pt2 (torch.export's ExportedProgram), "
+                                               ".torchscript.pt or .ts (TorchScript, deprecated by torch)")
+    ex.add_argument("--format", choices=["onnx", "torchscript", "exported-program"],
+                    help="the format (default: from OUT's name, which must not name another)")
+    ex.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
+    ex.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    ex.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
                        ".pt/.pth and .safetensors; prints the create_model call of the matching torch network")
@@ -512,6 +592,11 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy", later=_race_arguments)
     rc.set_defaults(func=_cmd_race)
 
+    lf = sub.add_parser("lr-find", help="lr range test: sweep the lr up over a few hundred updates and suggest one "
+                                        "per optimizer (steepest fall of the smoothed loss), with a plot",
+                        later=_lr_find_arguments)
+    lf.set_defaults(func=_cmd_lr_find)
+
     b = sub.add_parser("bench", help="training-step and data-pipeline images/s, and which one limits",
                        later=_bench_arguments)
     b.set_defaults(func=_cmd_bench)
@@ -527,6 +612,25 @@ def _export_folder_arguments(x: argparse.ArgumentParser) -> None:
 
     x.add_argument("--dataset", default=DEFAULT_KIND, choices=list(BUILTIN_SETS), help="which built-in set")
     x.add_argument("--out", required=True, help="folder to write OUT/train/<class>/*.png and OUT/test/")
+
+
+def _lr_find_arguments(lf: argparse.ArgumentParser) -> None:
+    from .optim.registry import OPTIMIZERS
+    from .recipe.lr_find import DEFAULT_RANGE, DEFAULT_UPDATES
+
+    lf.add_argument("--config", "-c", default="mnist-lenet", help="recipe name or YAML path")
+    lf.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    lf.add_argument("--data", help="data folder/file, as for train")
+    lf.add_argument("--batch-size", "-b", type=positive_int, help="shortcut for --set data.batch_size=N")
+    lf.add_argument("--optimizers", nargs="+", metavar="NAME", choices=list(OPTIMIZERS),
+                    help=f"any of {' '.join(OPTIMIZERS)} (default: the recipe's optim.name)")
+    lf.add_argument("--start", type=positive_float, default=DEFAULT_RANGE[0], help="first lr of the sweep")
+    lf.add_argument("--end", type=positive_float, default=DEFAULT_RANGE[1], help="last lr of the sweep")
+    lf.add_argument("--updates", type=int_between(10, 100_000), default=DEFAULT_UPDATES,
+                    help="updates in the sweep (the lr grows geometrically from --start to --end)")
+    lf.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads")
+    lf.add_argument("--output", "-o", help="folder for lr-find.json and lr-find.png (default runs/lr-find-<recipe "
+                                           "name>)")
 
 
 def _race_arguments(rc: argparse.ArgumentParser) -> None:
@@ -552,6 +656,8 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
                          "them, e.g. thor=6,8 (repeatable; default --epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
+    rc.add_argument("--lr-find", action="store_true", help="centre each optimizer's lr grid (unless --lr gives "
+                                                          "it) on its lr-find suggestion (torchboost lr-find)")
     rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
 

@@ -1,7 +1,8 @@
 """Evaluate and predict with trained weights: rebuild the network from the run's resolved config.
 
 A torchboost training checkpoint carries its resolved config, so it needs nothing else. Plain weight
-files (safetensors, a torch state dict) carry none: pass the recipe that built them (`--config`).
+files (safetensors, a torch state dict) carry none: pass the recipe that built them (`--config`). `predict`
+also runs an exported .onnx (`torchboost export`) through ONNX Runtime, preprocessed as its metadata says.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_che
 from torchboost.train.metrics import METRIC_NAMES
 from torchboost.train.model import Model
 
+ONNX_SUFFIX = ".onnx"  # an exported model (`torchboost export`), run through ONNX Runtime
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
@@ -38,6 +40,10 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     if not Path(path).is_file():
         raise CheckpointError(f"{path} not found" if not Path(path).exists() else f"{path} is not a file",
                               "check the path of the checkpoint or weights file")
+    if Path(path).suffix.lower() == ONNX_SUFFIX:
+        raise CheckpointError(f"{path} is an exported ONNX model, not a checkpoint",
+                              "predict with it (torchboost predict --checkpoint MODEL.onnx IMAGES); eval and "
+                              "export read the training checkpoint it came from")
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
         cfg = config_from_file(ckpt["config"], overrides, path)
@@ -62,8 +68,10 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
                 "classes": list(train_ds.classes)}
     load_model_state(net, ckpt["model"], source=str(path))
     # top-5 of 5 classes or fewer always reads 100%: left out, as training leaves it out
+    # a run that normalised on the device reads uint8 images here too (eval_preprocess): the same statistics
+    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
     model = Model(net, build_loss(cfg), metrics=without_top5(METRIC_NAMES, cfg.model.num_classes), device=device,
-                  channels_last=cfg.model.channels_last)
+                  channels_last=cfg.model.channels_last, input_norm=norm)
     return model, cfg, ckpt
 
 
@@ -139,14 +147,35 @@ def predict_images(path: str, images: Sequence[str], topk: int = 5, config: Opti
     run's evaluation data."""
     if topk < 1:
         raise ConfigError(f"--topk {topk} must be >= 1", "e.g. --topk 5")
+    if Path(path).suffix.lower() == ONNX_SUFFIX:
+        return _predict_onnx(path, images, topk, config, overrides, batch_size)
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     classes = saved_classes(ckpt, cfg.model.num_classes, path) or [str(i) for i in range(cfg.model.num_classes)]
-    transform = eval_preprocess(cfg.data)
-    files = image_files(images)
+    return _top_k(image_files(images), eval_preprocess(cfg.data), model.predict, classes, topk, batch_size)
+
+
+def _predict_onnx(path: str, images: Sequence[str], topk: int, config: Optional[str], overrides: Sequence[str],
+                  batch_size: int) -> list[tuple[str, list[tuple[str, float]]]]:
+    """`predict` with an exported .onnx (`torchboost export`) through ONNX Runtime: its preprocessing and
+    class names from its own metadata, so the command checks the file that is deployed."""
+    from torchboost.deploy.onnxrun import OnnxClassifier
+
+    if config is not None or overrides:
+        raise ConfigError(f"{path} is an exported model: it records its own preprocessing and classes",
+                          "drop --config/--set")
+    model = OnnxClassifier(path, threads=torch.get_num_threads())
+    files = image_files(images)  # after the model is checked, as for a checkpoint
+    return _top_k(files, model.info.transform(), lambda x: torch.from_numpy(model.logits(x.numpy())),
+                  list(model.info.classes), topk, batch_size)
+
+
+def _top_k(files: list[str], transform, logits, classes: list[str], topk: int,
+           batch_size: int) -> list[tuple[str, list[tuple[str, float]]]]:
+    """[(file, top-k (class, probability))]: `logits` of each batch of preprocessed files, softmaxed."""
     results = []
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
-        probs = model.predict(torch.stack([read_image(p, transform) for p in chunk])).softmax(dim=1)
+        probs = logits(torch.stack([read_image(p, transform) for p in chunk])).softmax(dim=1)
         top = probs.topk(min(topk, probs.shape[1]), dim=1)
         results += [(f, [(classes[i], float(p)) for p, i in zip(ps.tolist(), idx.tolist())])
                     for f, ps, idx in zip(chunk, top.values, top.indices)]
