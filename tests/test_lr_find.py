@@ -133,3 +133,24 @@ def test_race_lr_find_races_the_grid_centred_on_each_suggestion(tmp_path, capsys
     runs = json.loads((tmp_path / "r" / "race.json").read_text())["runs"]
     assert sorted(r["lr"] for r in runs if r["optimizer"] == "sgd") == sorted(grid)
     assert [r["lr"] for r in runs if r["optimizer"] == "adamw"] == [0.001]
+
+
+@pytest.mark.parametrize("command", [["lr-find", "-c", "digits-lenet", "--updates", "20"],
+                                     ["race", "-c", "digits-lenet", "--optimizers", "sgd", "--seeds", "1",
+                                      "--epochs", "1"]])
+@pytest.mark.parametrize("shape", ["fifo", "file", "dangling"])
+def test_an_output_that_is_not_a_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch, command, shape):
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the output folder was checked")
+
+    monkeypatch.setattr("torchboost.recipe.lr_find.find_lr", no_work)
+    monkeypatch.setattr("torchboost.recipe.race.Lane.train_epoch", no_work)
+    out = tmp_path / "out"
+    {"fifo": lambda: os.mkfifo(out), "file": lambda: out.write_text("mine"),
+     "dangling": lambda: os.symlink(tmp_path / "gone", out)}[shape]()
+    argv = [*command, "-o", str(out)]
+    with within(120, argv):
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and str(out) in err, err
+    assert ("a link to nothing" if shape == "dangling" else "is not a folder") in err

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .errors import TorchboostError, printable
-from .fileio import atomic_write
+from .fileio import atomic_write, check_output_folder
 
 DEFAULT_RECIPE = "mnist-lenet"
 
@@ -312,6 +312,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size}
     out = Path(args.output or f"runs/race-{cfg.name}")
+    check_output_folder(out)  # before the first epoch, not at the first save
 
     def save(lanes: list) -> tuple[Path, Path]:
         return write_results(lanes, summarize(lanes, targets), meta, out)
@@ -358,6 +359,8 @@ def _cmd_lr_find(args: argparse.Namespace) -> int:
     for line in (note, fitted and f"note: {fitted}"):
         if line:
             print(line)
+    out = Path(args.output or f"runs/lr-find-{cfg.name}")
+    check_output_folder(out)
     names = args.optimizers or [cfg.optim.name]
     print(f"lr range test on recipe {args.config}: lr {args.start:g} to {args.end:g} over {args.updates} updates "
           f"(batch {cfg.data.batch_size}), {', '.join(names)}")
@@ -365,7 +368,7 @@ def _cmd_lr_find(args: argparse.Namespace) -> int:
     print(format_results(results))
     meta = {"recipe": args.config, "overrides": overrides, "start": args.start, "end": args.end,
             "updates": args.updates, "batch_size": cfg.data.batch_size, "threads": args.threads}
-    json_path, png = write_results(results, meta, Path(args.output or f"runs/lr-find-{cfg.name}"))
+    json_path, png = write_results(results, meta, out)
     print(f"results: {json_path}; plot: {png}")
     return 0
 

@@ -184,6 +184,23 @@ def temp_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _check_folder_path(folder: Path, written: str) -> None:
+    """The nearest existing path at or above `folder` must be a folder: a file, FIFO or dangling link there
+    would make mkdir say "File exists", which names neither the culprit nor the fix."""
+    for parent in (folder, *folder.parents):
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                what = "a link to nothing" if parent.is_symlink() and not parent.exists() else "not a folder"
+                raise OutputError(f"cannot write {written}: {printable(str(parent))} is {what}",
+                                  "remove or rename what is in the way, or choose another --output")
+            return
+
+
+def check_output_folder(folder: str | os.PathLike) -> None:
+    """Refuse, before any work, an output folder that is a file, FIFO or dangling link (or lies under one)."""
+    _check_folder_path(Path(folder), f"into {printable(str(folder))}")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync it and os.replace it onto `path`.
@@ -195,6 +212,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = check_inside(path)
     if not path.name or path.is_dir():
         raise OutputError(f"cannot write {printable(str(path))}: it is a folder", "give a file name")
+    _check_folder_path(path.parent, printable(str(path)))
     tmp = temp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
