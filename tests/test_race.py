@@ -140,3 +140,36 @@ def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
         assert main(["race", "--config", "digits-lenet", "--optimizers", "sgd", "thor", "--budget", bad,
                      "--epochs", "1", "--output", str(out)]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_race_trace_records_each_layers_last_update_and_plots_it(tmp_path, capsys):
+    """race --trace: every epoch row holds the lr and, per Conv/Linear layer, |dW|/|W| of the epoch's last update
+    and |W|; THOR's rows also damping x |W|^2. Re-derived here: the lr is the schedule's value at that update."""
+    import json
+
+    from torchboost.cli import main
+    from torch import nn
+
+    from torchboost.models import create_model
+    from torchboost.recipe.build import build_schedule
+    from torchboost.recipe.load import load_config
+
+    argv = ["race", "-c", "digits-lenet", "--optimizers", "sgd", "thor", "--lr", "sgd=0.05", "--lr", "thor=0.01",
+            "--seeds", "1", "--epochs", "2", "--trace", "--full-budget", "-o", str(tmp_path / "r")]
+    assert main(argv) == 0
+    assert "trace: " in capsys.readouterr().out
+    assert (tmp_path / "r" / "race-trace.png").read_bytes()[:4] == b"\x89PNG"
+    data = json.loads((tmp_path / "r" / "race.json").read_text())
+    updates = data["settings"]["updates_per_epoch"]
+    for run in data["runs"]:
+        cfg = load_config("digits-lenet", ["train.epochs=2"])
+        schedule = build_schedule(cfg, run["lr"], updates)
+        for row in run["history"]:
+            assert row["lr"] == pytest.approx(schedule[row["epoch"] * updates - 1], rel=1e-9)
+            layers = row["layers"]
+            assert set(layers) == {n for n, m in create_model("mnist_cnn", num_classes=10, in_chans=1,
+                                                              image_size=8).named_modules()
+                                   if isinstance(m, (nn.Conv2d, nn.Linear))}
+            for v in layers.values():
+                assert 0 < v["rel_step"] < 1 and v["norm"] > 0
+                assert ("damping_eff" in v) == (run["optimizer"] == "thor")

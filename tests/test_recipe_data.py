@@ -73,6 +73,7 @@ def test_build_dataset_errors(data, error, match):
     (dict(dataset="synthetic", random_shift=2), "random_shift"),
     (dict(dataset="digits", augment="imagenet"), "does not apply to data.dataset=digits"),
     (dict(dataset="synthetic", augment="shift"), "does not apply to data.dataset=synthetic"),
+    (dict(dataset="synthetic", augment="imagenet"), "does not apply to data.dataset=synthetic"),  # never applied
     (dict(dataset="digits", augment="shift"), "needs data.random_shift"),
     (dict(mean=[0.5]), "together"),
 ])

@@ -318,7 +318,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
         return write_results(lanes, summarize(lanes, targets), meta, out)
 
     lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), targets, epochs=args.epochs,
-                     time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save)
+                     time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save,
+                     trace=args.trace)
     summary = summarize(lanes, targets)
     print(format_report(summary, args.threads, device_name(lanes[0].device)))
     for racer in racers:
@@ -326,6 +327,12 @@ def _cmd_race(args: argparse.Namespace) -> int:
             print(headline(summary, racer.name))
     json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
+    if args.trace:
+        from .fileio import confine_writes
+        from .recipe.race_trace import trace_figure_path
+
+        with confine_writes(out):
+            print(f"trace: {trace_figure_path(lanes, summary, out / 'race-trace.png')}")
     return 0
 
 
@@ -659,6 +666,8 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
                          "them, e.g. thor=6,8 (repeatable; default --epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
+    rc.add_argument("--trace", action="store_true", help="also record each layer's |dW|/|W|, |W|, the lr and THOR's "
+                                                        "effective damping every epoch (race.json, race-trace.png)")
     rc.add_argument("--lr-find", action="store_true", help="centre each optimizer's lr grid (unless --lr gives "
                                                           "it) on its lr-find suggestion (torchboost lr-find)")
     rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")

@@ -13,6 +13,9 @@ class CrossEntropySmooth(nn.Module):
     MindSpore builds the one-hot target as `on = 1 - smooth_factor`, `off = smooth_factor / (num_classes - 1)`
     (the true class gets exactly 1 - smooth_factor). torch's `label_smoothing=s` spreads s over *all*
     classes instead (true class: 1 - s + s/K), so we build MindSpore's target explicitly to stay faithful.
+
+    A floating-point target of class probabilities (N×K rows, e.g. mixup/cutmix's soft targets, already
+    smoothed where they were made) is used as it is, whatever `sparse` says: it is never smoothed twice.
     """
 
     def __init__(self, sparse: bool = True, reduction: str = "mean", smooth_factor: float = 0.0,
@@ -25,9 +28,10 @@ class CrossEntropySmooth(nn.Module):
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = logits.float()  # softmax in fp32 even under autocast
-        if self.sparse and self.smooth_factor == 0.0:
+        soft_given = target.is_floating_point()
+        if self.sparse and not soft_given and self.smooth_factor == 0.0:
             return F.cross_entropy(logits, target, reduction=self.reduction)
-        if self.sparse:
+        if self.sparse and not soft_given:
             off = self.smooth_factor / (self.num_classes - 1)
             soft = torch.full_like(logits, off)
             soft.scatter_(1, target.unsqueeze(1), 1.0 - self.smooth_factor)

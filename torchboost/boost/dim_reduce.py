@@ -16,8 +16,8 @@ current batch already in .grad (MindSpore mindspore/boost/dim_reduce.py, same or
 
 Differences from MindSpore. When no step length is accepted, MindSpore still moves by rho^2 d (and keeps
 the previous s). With mini-batch gradients, y = g_k - g_k_prev mixes two batches, y.s can be tiny and B
-explode; the unaccepted rho^2 step then throws the weights away (measured on the MNIST CNN: B's norm 4 ->
-209, loss 0.14 -> 538 in one step, then chance accuracy). We do the textbook quasi-Newton safeguard
+explode; the unaccepted rho^2 step then throws the weights away (on the MNIST CNN one such step sends the
+loss up by orders of magnitude and training back to chance). We do the textbook quasi-Newton safeguard
 instead: no subspace move, and B is reset to I (s = 0, so the next step makes no BFGS update). MindSpore
 compares against the training forward's loss; we evaluate loss(w) with the same closure as the trial
 points, so the Armijo test compares like with like (one extra forward). BN running statistics touched by

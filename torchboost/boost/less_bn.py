@@ -15,10 +15,10 @@ MindSpore's patterns only match the 3-conv Bottleneck, so it removes nothing fro
 
 A model with no BatchNorm at all (the MNIST CNN) has nothing to remove: less_bn there is gradient
 centralization, and the FN head only if fn_flag is forced true. Default fn_flag "auto" = FN head exactly
-where BNs are removed, because, measured on the MNIST CNN (mnist5k, SGD lr 0.02, 3 epochs), GC alone gives
-96.0% vs 94.7% for O0 while the FN head with MindSpore's multiplier init 1 reaches only 84.6%: with no BN
-before the head the features are large (|x| ~ 55), the cosine logits start in [-1, 1] and the gradient
-reaching the features is scaled by multiplier/|x|. On the BN ResNet the same head learns faster than O0.
+where BNs are removed, because on a network with no BN the FN head with MindSpore's multiplier init 1 learns
+far slower than gradient centralization alone (BENCHMARKS.md): with no BN before the head the features are
+large, the cosine logits start in [-1, 1] and the gradient reaching the features is scaled by
+multiplier/|x|. On the BN ResNet the same head learns faster than O0.
 A model with BatchNorms but no block of the torchvision layout is refused.
 """
 

@@ -11,8 +11,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from torchboost.data.augment import Policy, RandomErasing
 from torchboost.data.builtin import load_builtin
 from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
+from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
 from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, set_epoch
 from torchboost.data.synthetic import SyntheticImages
@@ -32,7 +34,8 @@ __all__ = [
     "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
     "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
-    "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD",
+    "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD", "Policy", "RandomErasing", "Mixup",
+    "MixedBatches",
 ]
 
 

@@ -9,7 +9,7 @@ plain ints and call `sample_rng(index)` for their random draws.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,21 @@ def sample_rng(index: int) -> np.random.Generator:
     epoch, reproducible only for a fixed worker count."""
     if isinstance(index, SampleIndex):
         return np.random.default_rng((index.seed, index.epoch, int(index)))
+    return np.random.default_rng(int(torch.randint(2**62, ())))
+
+
+BATCH_STREAM = 0x6D6978  # the spawn key that keeps batch streams apart from per-sample ones ("mix")
+
+
+def batch_rng(indices: Sequence[int]) -> np.random.Generator:
+    """The random stream of one batch (mixup/cutmix): seeded by (seed, epoch, the batch's sample indices)
+    when they are SampleIndex objects, so it does not depend on the worker that builds the batch and a
+    resumed run's batch draws what the uninterrupted run's drew; under a spawn key, so it is never a
+    sample's stream. Plain ints (another sampler) get a stream from torch's global RNG, as `sample_rng`."""
+    first = indices[0] if len(indices) else None
+    if isinstance(first, SampleIndex):
+        entropy = [first.seed, first.epoch, *(int(i) for i in indices)]
+        return np.random.default_rng(np.random.SeedSequence(entropy, spawn_key=(BATCH_STREAM,)))
     return np.random.default_rng(int(torch.randint(2**62, ())))
 
 

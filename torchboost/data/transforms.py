@@ -10,6 +10,9 @@ converted by Pillow.
 Training augmentations (`train_transform(augment=...)`): "imagenet" (RandomResizedCrop + flip), "flip"
 (the evaluation resize + centre crop, then flip), "shift" (whole image resized, then translated by a few
 pixels, as `TensorImageDataset(shift=...)` does for in-memory sets) and "none" (the evaluation transform).
+Then, optionally and in torchvision's order (`augment.py`): a photo policy (`auto_augment`: RandAugment or
+TrivialAugmentWide) on the flipped crop, at the output size, and random erasing of the uint8 crop, before
+normalisation. Neither draws anything when off, so a transform without them draws what it always drew.
 
 A transform is called as `transform(img, rng)` with an opened but not yet decoded PIL image (draft mode
 only works before decoding) and the sample's random stream (see `sampling.sample_rng`).
@@ -25,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from torchboost.data.augment import POLICIES, Policy, RandomErasing
 from torchboost.errors import ConfigError, suggest
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -134,7 +138,11 @@ def resize_uint8(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 class ImageTransform:
-    """Base of the transforms: output size, normalization and the uint8 → tensor step."""
+    """Base of the transforms: output size, normalization and the uint8 → tensor step, with the optional
+    training steps on the crop (`policy`, `erasing`: see `finish`)."""
+
+    policy: Policy | None = None  # RandAugment / TrivialAugmentWide on the crop
+    erasing: RandomErasing | None = None  # random erasing of the uint8 crop
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], uint8: bool) -> None:
         if len(mean) != len(std) or len(mean) not in (1, 3):
@@ -162,6 +170,19 @@ class ImageTransform:
             x -= self._shift.numpy()
         return torch.from_numpy(x)
 
+    def finish(self, a: np.ndarray, rng: np.random.Generator | None, flip: bool = False) -> torch.Tensor:
+        """The crop's last steps, in torchvision's (and timm's) order: flip, the policy, erasing, then the
+        tensor (normalized unless uint8). Without a policy or erasing: `to_tensor(a, flip)`, nothing drawn."""
+        if self.policy is None and self.erasing is None:
+            return self.to_tensor(a, flip)
+        rng = np.random.default_rng() if rng is None else rng
+        a = a[:, ::-1] if flip else a
+        if self.policy is not None:
+            a = self.policy.on_array(np.ascontiguousarray(a), rng)
+        if self.erasing is not None:
+            a = self.erasing(a, rng)
+        return self.to_tensor(a)
+
 
 class TrainTransform(ImageTransform):
     """RandomResizedCrop(size, scale, ratio) + horizontal flip + normalize, drawn from the sample's rng."""
@@ -178,7 +199,7 @@ class TrainTransform(ImageTransform):
         flip = rng.random() < self.flip_p  # drawn after the crop, like torchvision's Compose order
         img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
         out = resize_region(img, (left / s, top / s, (left + w) / s, (top + h) / s), (self.size, self.size))
-        return self.to_tensor(out, flip)
+        return self.finish(out, rng, flip)
 
 
 class EvalTransform(ImageTransform):
@@ -212,7 +233,7 @@ class EvalTransform(ImageTransform):
         return resize_region(img, (0, 0, full_w / s, full_h / s), (nw, nh))[top:bottom, left:right]
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
-        return self.to_tensor(self.crop(img))
+        return self.finish(self.crop(img), rng)
 
 
 class FlipTransform(EvalTransform):
@@ -225,7 +246,7 @@ class FlipTransform(EvalTransform):
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = np.random.default_rng() if rng is None else rng
-        return self.to_tensor(self.crop(img), rng.random() < self.flip_p)
+        return self.finish(self.crop(img), rng, rng.random() < self.flip_p)
 
 
 class ShiftTransform(ImageTransform):
@@ -247,17 +268,33 @@ class ShiftTransform(ImageTransform):
         w, h = img.size
         img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
         a = resize_region(img, (0, 0, w / s, h / s), (self.size, self.size))
-        return self.to_tensor(translate(a, int(dy), int(dx)))
+        return self.finish(translate(a, int(dy), int(dx)), rng)
 
 
 def train_transform(size: int, mean: Sequence[float], std: Sequence[float], *, uint8: bool = False,
                     augment: str = "imagenet", rrc_scale: tuple[float, float] = (0.08, 1.0), shift: int = 0,
                     crop_pct: float = 0.875, ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5,
-                    scale: tuple[float, float] | None = None) -> ImageTransform:
+                    scale: tuple[float, float] | None = None, auto_augment: str = "none", randaugment_ops: int = 2,
+                    randaugment_magnitude: int = 9, random_erasing: float = 0.0) -> ImageTransform:
     """The training transform of an image folder (see AUGMENTS and the module docstring): "imagenet" uses
     rrc_scale and ratio, "flip" and "none" crop_pct, "shift" shift; flip_p is the flip probability.
-    `scale` is the former name of rrc_scale."""
-    rrc_scale = tuple(rrc_scale if scale is None else scale)
+    `scale` is the former name of rrc_scale. Then `auto_augment` (POLICIES: RandAugment with
+    randaugment_ops ops at bin randaugment_magnitude of 31, or TrivialAugmentWide) and, with probability
+    `random_erasing`, torchvision's RandomErasing, filled with the mean colour."""
+    if auto_augment not in POLICIES:
+        raise ConfigError(f"unknown augmentation policy {auto_augment!r}", suggest(auto_augment, POLICIES))
+    t = _geometry_transform(size, mean, std, uint8, augment, tuple(rrc_scale if scale is None else scale), shift,
+                            crop_pct, ratio, flip_p)
+    if auto_augment != "none":
+        t.policy = Policy(auto_augment, randaugment_ops, randaugment_magnitude)
+    if random_erasing > 0:
+        t.erasing = RandomErasing(random_erasing, fill=[round(m * 255) for m in mean])
+    return t
+
+
+def _geometry_transform(size: int, mean: Sequence[float], std: Sequence[float], uint8: bool, augment: str,
+                        rrc_scale: tuple[float, float], shift: int, crop_pct: float, ratio: tuple[float, float],
+                        flip_p: float) -> ImageTransform:
     if not 0 < rrc_scale[0] <= rrc_scale[1] <= 1:
         raise ConfigError(f"RandomResizedCrop scale {rrc_scale} is not 0 < min <= max <= 1",
                           "use e.g. data.rrc_scale=[0.08, 1.0]")

@@ -118,7 +118,7 @@ def _groups(model: nn.Module, a: OptimizerArgs) -> list[dict]:
     return param_groups(model, a.weight_decay, a.decay_bn_and_bias, a.weight_decay_groups)
 
 
-# fused kernels: 2.0-2.3x faster than foreach for ResNet-50's update on this CPU (BENCHMARKS.md)
+# fused kernels: one kernel for the whole update instead of one per tensor list (see BENCHMARKS.md for the gain)
 def _sgd(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     return torch.optim.SGD(_groups(model, a), lr=a.lr, momentum=a.momentum, nesterov=a.nesterov, fused=True)
 

@@ -17,6 +17,7 @@ from torchboost.models import create_model, training_bytes
 from torchboost.optim import build_lr_schedule, get_thor_lr
 from torchboost.optim.groups import scale_lr_of
 from torchboost.optim.registry import OptimizerArgs, build_optimizer, get_optimizer
+from torchboost.optim.weight_norm import pin_weight_norms
 from torchboost.recipe.config import Config
 from torchboost.recipe.optimizers import library_options
 from torchboost.train.checkpoint import classifier_head
@@ -77,6 +78,8 @@ def optimizer_from_config(cfg: Config, model: nn.Module, lr: float, steps_per_ep
     if cfg.optim.head_lr_mult != 1:
         named = dict(model.named_parameters())
         scale_lr_of(optimizer, [named[n] for n in classifier_head(model)], cfg.optim.head_lr_mult, "classifier head")
+    if cfg.optim.weight_norm == "pin":
+        pin_weight_norms(model, optimizer)
     return optimizer
 
 

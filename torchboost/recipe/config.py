@@ -7,6 +7,8 @@ runs both.
 Keys left at None are inferred from the data when the run starts (see `recipe.resolve.resolve_config`).
 Each optimizer's options section (`optim.thor`) is not a field here: `OptimConfig.options` holds one per
 section of the registered optimizers (`recipe.optimizers`), written flat under `optim` in a recipe.
+Over 400 lines because every recipe key is declared here, each with its default, rule and help in one field:
+splitting the sections across files would scatter the one list `torchboost options` and docs/CONFIG.md read.
 """
 
 from __future__ import annotations
@@ -80,6 +82,27 @@ class DataConfig:
                                     help="augment=imagenet: [min, max] share of the image each crop covers")
     random_shift: int = option(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
                                                     "the image)")
+    auto_augment: str = option("none", choices=("none", "randaugment", "trivialaugment"),
+                               help="photo policy on each training crop, torchvision's: randaugment = randaugment_ops "
+                                    "ops at randaugment_magnitude; trivialaugment = TrivialAugmentWide (one op, random "
+                                    "magnitude); folders and shards")
+    randaugment_ops: int = option(2, ge=1, le=14, help="auto_augment=randaugment: operations applied to each image "
+                                                       "(torchvision's num_ops)")
+    randaugment_magnitude: int = option(9, ge=0, le=30, help="auto_augment=randaugment: magnitude bin 0..30 of 31 "
+                                                             "(torchvision's magnitude)")
+    random_erasing: float = option(0.0, ge=0, le=1, help="probability of erasing a box (2-33% of the crop, aspect "
+                                                         "0.3-3.3) to the mean colour (torchvision's RandomErasing); "
+                                                         "folders and shards")
+    mixup_alpha: float = option(0.0, ge=0, le=100, help="mixup: blend each batch with itself reversed, weight ~ "
+                                                        "Beta(alpha, alpha) (timm's; 0 off, 0.2-0.8 usual; not on "
+                                                        "shards); train.label_smoothing s then gives each class s/K "
+                                                        "as timm does")
+    cutmix_alpha: float = option(0.0, ge=0, le=100, help="cutmix: paste a box of the reversed batch, kept share ~ "
+                                                         "Beta(alpha, alpha), corrected to the box (timm's; 0 off, 1.0 "
+                                                         "usual)")
+    mixup_prob: float = option(1.0, ge=0, le=1, help="mixup/cutmix: probability that a batch is mixed at all")
+    mixup_switch_prob: float = option(0.5, ge=0, le=1, help="with mixup_alpha and cutmix_alpha both > 0: probability "
+                                                            "that a batch is cut-mixed rather than mixed up")
     shuffle_buffer: int = option(1000, ge=1, le=1_000_000, help="shards: samples each process's shuffle buffer "
                                                                     "holds (more mixes better, costs memory)")
     train_shards: Optional[str] = option(None, help="shards: a brace pattern or pipe: command replacing the index's "
@@ -102,6 +125,10 @@ class OptimConfig:
                                                          "fresh head: e.g. 10), through every schedule")
     weight_decay_groups: dict = option(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
                                                           "(patterns on parameter names, first match wins)")
+    weight_norm: str = option("none", choices=("none", "pin"),
+                              help="pin: every conv weight that feeds a BatchNorm keeps its norm from before the "
+                                   "first update, with no weight decay, so the lr alone sets its relative step "
+                                   "(any optimizer)")
     # optim.thor and every other registered optimizer's options section (see recipe.optimizers)
     options: dict = sections(lambda: _option_sections(), help="each optimizer's own options, by section")
 

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
                              TensorImageDataset, eval_transform, train_transform)
 from torchboost.data.folder import find_classes, sample_folder
+from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
@@ -125,7 +126,19 @@ def folder_train_transform(cfg: DataConfig, model_name: str) -> Any:
     augment = resolve_augment(cfg, model_name)
     return train_transform(size, mean, std, uint8=cfg.normalize_on_device, augment=augment,
                            rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
-                           shift=cfg.random_shift if augment == "shift" else 0)
+                           shift=cfg.random_shift if augment == "shift" else 0, auto_augment=cfg.auto_augment,
+                           randaugment_ops=cfg.randaugment_ops, randaugment_magnitude=cfg.randaugment_magnitude,
+                           random_erasing=cfg.random_erasing)
+
+
+def mixed(cfg: Config, d: DataConfig, train_ds: Dataset) -> Dataset:
+    """The training set with mixup/cutmix on its batches when data.mixup_alpha or cutmix_alpha is set (the
+    classes: model.num_classes, else the data's; targets smoothed by train.label_smoothing, timm's way)."""
+    if not (d.mixup_alpha > 0 or d.cutmix_alpha > 0):
+        return train_ds
+    mixup = Mixup(cfg.model.num_classes or len(train_ds.classes), d.mixup_alpha, d.cutmix_alpha, d.mixup_prob,
+                  d.mixup_switch_prob, cfg.train.label_smoothing)
+    return MixedBatches(train_ds, mixup)
 
 
 def small_stem(model_name: str, image_size: int | None) -> bool:
@@ -211,7 +224,8 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
     Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
     keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
     and an in-memory set's size, channels and statistics. The evaluation split must have the training
-    split's classes."""
+    split's classes. With data.mixup_alpha or cutmix_alpha the training set comes out in mixed batches
+    (`mixed`)."""
     d = infer_data(cfg, log)
     kind = get_kind(d.dataset)
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
@@ -227,6 +241,7 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])
+    train_ds = mixed(cfg, d, train_ds)
     if d.random_shift and d.image_size and 2 * d.random_shift >= d.image_size:
         raise ConfigError(f"data.random_shift={d.random_shift} is at least half the {d.image_size}-px images: the "
                           "digits/objects would be moved out of view", f"use at most {max(1, d.image_size // 4)}")

@@ -41,6 +41,10 @@ class DataKind:
     shift: bool = True  # data.random_shift applies
     own_labels: bool = True  # False: labels are drawn, the class count comes from model.num_classes
     photos: bool = False  # `augment: auto` gives ResNets ImageNet-style crops
+    # data.auto_augment / data.random_erasing apply: images decoded per sample through a training transform
+    # (in-memory sets and synthetic images skip the transforms)
+    photo_augments: bool = False
+    mixing: bool = True  # data.mixup_alpha / cutmix_alpha apply: a map-style set, batches drawn by the sampler
     # Decoded per sample from something other than an image folder: (data config, split, transform) -> data
     # set, and the header sample `load_data` infers channels and native size from (a folder's: sample_folder).
     open_split: Callable[[object, str, object], Dataset] | None = None
@@ -78,7 +82,7 @@ def _builtin(name: str) -> Loader:
 for _name, _set in BUILTIN_SETS.items():
     register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
 register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
-                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True))
+                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True, photo_augments=True))
 
 
 def _open_shards(cfg, split: str, transform: Callable) -> Dataset:  # the shard readers load only for shards
@@ -96,11 +100,13 @@ def _shard_index(cfg):
 
 register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) and their _info.json index in PATH "
                   "(written by torchboost export-shards)", None, needs_path=True, in_memory=False,
-                  augments=("auto", *AUGMENTS), photos=True, streamed=True, open_split=_open_shards,
+                  augments=("auto", *AUGMENTS), photos=True, photo_augments=True, mixing=False, streamed=True,
+                  open_split=_open_shards,
                   sample=lambda cfg: _shard_index(cfg).sample, splits=lambda cfg: list(_shard_index(cfg).splits)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",
                   lambda cfg, split, n: load_paddle_json(Path(cfg.path), split), needs_path=True))
+# synthetic images are generated as tensors, past any transform: only `none` (what `auto` gives) is true of them
 register(DataKind("synthetic", "random images of drawn classes (speed tests; no path)", None, in_memory=False,
-                  augments=("auto", *(a for a in AUGMENTS if a != "shift")), shift=False, own_labels=False, photos=True))
+                  augments=("auto", "none"), shift=False, own_labels=False))

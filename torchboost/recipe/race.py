@@ -33,6 +33,7 @@ from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config
 from torchboost.recipe.config import Config
 from torchboost.recipe.optimizers import race_policy
+from torchboost.recipe.race_trace import layer_trace, traced_weights
 from torchboost.recipe.resolve import fit_batch
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
@@ -164,6 +165,9 @@ class Lane:
     stopped: str = ""
     budget: int = 0  # epochs this run may train (its racer's budget, else the race's)
     device: torch.device = torch.device("cpu")
+    optimizer: torch.optim.Optimizer | None = None
+    trace: bool = False  # race --trace: each epoch's row gets the layers' last update (race_trace)
+    before: dict | None = field(default=None, repr=False)  # with trace: the weights before that update
 
     def train_epoch(self, epoch: int) -> float:
         set_epoch(self.loader, epoch)
@@ -173,12 +177,19 @@ class Lane:
         loss = torch.zeros(())
         sync(self.device)
         start = time.perf_counter()
+        self.before = None
         try:
-            for x, y in batches:
+            for i, (x, y) in enumerate(batches):
+                if self.trace and i == len(batches) - 1:  # the weights before the epoch's last update, untimed
+                    sync(self.device)
+                    self.seconds += time.perf_counter() - start
+                    self.before = traced_weights(self.model)
+                    start = time.perf_counter()
                 loss = self.step(x, y, self.updates)
                 self.updates += 1
         except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
             loss = torch.tensor(float("nan"))
+            self.before = None
         sync(self.device)  # GPU kernels run asynchronously: the epoch ends when the device is done
         self.seconds += time.perf_counter() - start
         return float(loss)
@@ -206,7 +217,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
         norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
-    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device)
+    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt)
 
 
 def _eval_batches(cfg: Config, eval_ds: Dataset, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -220,12 +231,13 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
              targets: tuple[float, ...],
              epochs: int | None = None, time_budget_s: float | None = None, stop_at_targets: bool = True,
              log: Callable[[str], None] = print,
-             on_round: Callable[[list[Lane]], None] | None = None) -> list[Lane]:
+             on_round: Callable[[list[Lane]], None] | None = None, trace: bool = False) -> list[Lane]:
     """Race every (racer, lr, seed) on a resolved config and its data sets (`recipe.load_resolved`),
     interleaved epoch by epoch; `on_round(lanes)` after each round of
     epochs. Returns the finished lanes (history per
     epoch: epoch, seconds (cumulative training time), val_top_1_accuracy, train_loss, order (position in
-    the interleaved sequence of all runs' epochs))."""
+    the interleaved sequence of all runs' epochs); with `trace`, also the lr and each layer's last update of
+    the epoch (race_trace.layer_trace)."""
     if not racers or not targets:
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
     if not all(0 < t <= 1 for t in targets):
@@ -236,6 +248,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
     device = resolve_device(cfg.train.device)
     evaluation = _eval_batches(cfg, eval_ds, device)
     lanes = [_lane(cfg, r, lr, seed, train_ds, device) for seed in seeds for r in racers for lr in r.lrs]
+    for lane in lanes:
+        lane.trace = trace and lane.optimizer is not None
     epochs = max(l.budget for l in lanes)
     order = 0  # global position of each trained epoch: the record of the interleaving
     for epoch in range(epochs):
@@ -248,6 +262,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
             acc = lane.evaluate(evaluation)
             lane.history.append({"epoch": epoch + 1, "seconds": lane.seconds, "val_top_1_accuracy": acc,
                                  "train_loss": loss, "order": order})
+            if lane.before is not None:
+                lane.history[-1].update(layer_trace(lane.model, lane.before, lane.optimizer))
             order += 1
             if not np.isfinite(loss):
                 lane.stopped = "diverged"

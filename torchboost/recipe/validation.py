@@ -14,6 +14,7 @@ values, not a flag that a later assignment could leave standing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from torchboost.boost import resolve_boost
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OPTIMIZERS, get_optimizer
 from torchboost.options import check_rules, check_type, leaf_fields
-from torchboost.recipe.config import Config
-from torchboost.recipe.kinds import DATA_KINDS, FOLDER, get_kind
+from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.kinds import DATA_KINDS, FOLDER, DataKind, get_kind
 from torchboost.recipe.optimizers import check_section, section_class, typed_section
 from torchboost.train.device import resolve_device
 from torchboost.train.metrics import resolve_metric
@@ -91,6 +92,7 @@ def _check_data(cfg: Config) -> None:
         raise ConfigError("data.augment=shift needs data.random_shift > 0", "e.g. --set data.random_shift=2")
     if d.random_shift and not kind.shift:
         raise ConfigError(f"data.random_shift does not apply to data.dataset={d.dataset}", "drop data.random_shift")
+    _check_augmentations(d, kind)
     if not kind.streamed and (d.train_shards or d.eval_shards):
         streamed = ", ".join(k for k, e in DATA_KINDS.items() if e.streamed)
         raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
@@ -102,6 +104,32 @@ def _check_data(cfg: Config) -> None:
     if d.workers > 4 * cores:
         raise ConfigError(f"data.workers={d.workers} on a machine with {cores} CPU cores",
                           f"use at most {cores} (each worker is a process decoding images)")
+
+
+def _check_augmentations(d: DataConfig, kind: DataKind) -> None:
+    """The photo policies, random erasing and mixup/cutmix: where they apply, and no option that would be
+    recorded in config.yaml while nothing reads it."""
+    default = {f.name: f.default for f in dataclasses.fields(DataConfig)}
+    for key in ("auto_augment", "random_erasing"):
+        if getattr(d, key) != default[key] and not kind.photo_augments:
+            kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.photo_augments)
+            raise ConfigError(f"data.{key}={getattr(d, key)} does not apply to data.dataset={d.dataset} (its images "
+                              "stay in memory as tensors; these run on images decoded per sample)",
+                              f"drop data.{key}, or train on {kinds} data")
+    changed = [k for k in ("randaugment_ops", "randaugment_magnitude") if getattr(d, k) != default[k]]
+    if changed and d.auto_augment != "randaugment":
+        raise ConfigError(f"data.{changed[0]}={getattr(d, changed[0])} is set but data.auto_augment={d.auto_augment}",
+                          f"set data.auto_augment=randaugment, or drop data.{changed[0]}")
+    mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
+    if mixing and not kind.mixing:
+        raise ConfigError(f"data.mixup_alpha / data.cutmix_alpha are not supported for data.dataset={d.dataset}",
+                          f"set them to 0, or train on {FOLDER} data (--data DIR)")
+    if not mixing and d.mixup_prob != default["mixup_prob"]:
+        raise ConfigError(f"data.mixup_prob={d.mixup_prob} but mixup and cutmix are off",
+                          "set data.mixup_alpha or data.cutmix_alpha > 0, or drop data.mixup_prob")
+    if d.mixup_switch_prob != default["mixup_switch_prob"] and not (d.mixup_alpha > 0 and d.cutmix_alpha > 0):
+        raise ConfigError(f"data.mixup_switch_prob={d.mixup_switch_prob} only chooses between mixup and cutmix",
+                          "set both data.mixup_alpha and data.cutmix_alpha > 0, or drop data.mixup_switch_prob")
 
 
 def _check_model(cfg: Config) -> None:

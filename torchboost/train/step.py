@@ -165,7 +165,7 @@ class TrainStep:
             loss_sum += loss.detach().float() * y.shape[0]
             samples += y.shape[0]
             if correct is not None:
-                correct += (logits.detach().argmax(1) == y).sum()
+                correct += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim > 1 else y)).sum()  # soft: argmax
         loss = loss_sum / max(samples, 1)
         if self.loss_nonfinite(loss, step):  # skip: no optimizer, scaler, hook or EMA change
             opt.zero_grad(set_to_none=True)

@@ -80,8 +80,12 @@ class ThorOptions:
                                                                        "(scales the output-gradient factor)")
     max_damping_retries: int = option(3, ge=0, help="an inversion that fails is retried with 10x the damping "
                                                     "this many times")
-    graft: str = option("none", choices=("none", "grad"), help="grad: THOR's direction with each layer's plain "
-                                                               "gradient norm")
+    graft: str = option("none", choices=("none", "grad", "sgd_step", "muon_step"),
+                        help="THOR's direction with another optimizer's per-layer size, so the lr schedule sets "
+                             "the step: grad = each preconditioned gradient gets its plain gradient's norm; sgd_step "
+                             "= each step gets the norm of momentum SGD's step at this lr; muon_step = of Muon's "
+                             "(lr x sqrt(max(1, rows/cols)) x sqrt(min(rows, cols)), an orthogonal update's); "
+                             "sgd_step and muon_step size THOR's own update (thor_muon's step already is Muon's)")
     factor_samples: Optional[int] = option(None, ge=1, help="batch samples the factors are built from at a "
                                                             "refresh; unset: the whole batch")
     split_indices: Optional[list[int]] = option(None, ge=0, help="multi-process: layer indices where the "

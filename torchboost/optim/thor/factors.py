@@ -13,11 +13,9 @@ A factor whose size is not a multiple of b is zero-padded; the inversion puts id
 fp32 (fp64 for fp64 layers) whatever the autocast dtype: bf16 outer products break the inverses. On CUDA
 the fp32 products run on the tensor cores (`gram`): each feature scaled to a max of 1, rounded to fp16 (10
 mantissa bits, as MindSpore's fp16 cube matmuls round them) and multiplied with an fp32 result, then scaled
-back. Measured on an H200 (torch 2.11): 4.8x faster than fp32 bmm, largest entry error 2.6e-3 of
-sqrt(A_ii A_jj) over 400k rows (more than the inputs' fp16 rounding explains — emulated on the CPU it is
-3e-5 at 5,000 rows — so the GPU's product adds its own); a ResNet-50 refresh step fell from 732 to 322
-ms. Damping (~3% of the diagonal) and one batch's sampling noise are far larger than that error, and a
-block that loses definiteness gets more damping. A factor's last, partial block is multiplied at its own
+back (speed and error against fp32 on a GPU: BENCHMARKS.md). The damping (a few % of the diagonal) and one
+batch's sampling noise are far larger than fp16's rounding error, and a block that loses definiteness gets
+more damping. A factor's last, partial block is multiplied at its own
 size (`outer_blocks`).
 """
 

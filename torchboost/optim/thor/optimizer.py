@@ -18,6 +18,7 @@ gradient (with a one-time warning if it has one) and its refresh is retried at e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -55,10 +56,11 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         schedule = Value(lr, "lr")
         defaults = dict(lr=schedule.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__([g for g in groups if g["params"]], defaults)
+        self._graft_norms: dict[Tensor, Tensor] = {}
         if schedule.constant is None:  # MindSpore's per-update lr array (or a callable): it writes the groups' lr
             follow_schedule(self, schedule, lambda: self.update_index)
 
-    # the preconditioner's state, under the names THOR has always had
+    # the preconditioner's state, read through the optimizer (schedules and tests use them)
     layers = property(lambda self: self.preconditioner.layers)
     counters = property(lambda self: self.preconditioner.counters)
     update_index = property(lambda self: self.preconditioner.update_index,
@@ -72,12 +74,34 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
+        graft = self.preconditioner.graft
+        if graft == "sgd_step":  # SGD's own momentum of the plain gradients, taken before they are preconditioned
+            for group in self.param_groups:
+                self._graft_momentum(group)
         self.preconditioner.step(self.param_groups[0]["lr"])
         for group in self.param_groups:
-            self._sgd_update(group)
+            self._sgd_update(group, graft)
         return loss
 
-    def _sgd_update(self, group: dict) -> None:
+    def _graft_momentum(self, group: dict) -> None:
+        """m <- momentum * m + (g + weight_decay * w) on the plain gradient: the step SGD would take is lr * m
+        (g + momentum * m with Nesterov), whose norm `graft="sgd_step"` gives THOR's step."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad / self.loss_scale
+            if group["weight_decay"]:
+                g = g.add(p, alpha=group["weight_decay"])
+            state = self.state[p]
+            if "graft_buffer" not in state:
+                state["graft_buffer"] = g.clone()  # v0 = 0 -> v1 = g, as THOR's own buffer starts
+            else:
+                state["graft_buffer"].mul_(group["momentum"]).add_(g)
+            # the step's norm, kept until this update's _sgd_update (the plain gradient is gone by then)
+            self._graft_norms[p] = (g.add(state["graft_buffer"], alpha=group["momentum"]) if group["nesterov"]
+                                    else state["graft_buffer"]).norm()
+
+    def _sgd_update(self, group: dict, graft: str = "none") -> None:
         params, grads, bufs = [], [], []
         for p in group["params"]:
             if p.grad is None:
@@ -104,7 +128,22 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             step = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
         else:
             step = grads
+        if graft in ("sgd_step", "muon_step"):
+            step = [self._grafted(p, s, graft) for p, s in zip(params, step)]
         torch._foreach_add_(params, step, alpha=-group["lr"])
+
+    def _grafted(self, p: Tensor, step: Tensor, graft: str) -> Tensor:
+        """THOR's step for `p` with the norm (per unit of lr) of the grafted optimizer's: SGD's momentum step, or
+        an orthogonal update of p's matrix shape at Muon's lr scaling (a vector keeps THOR's own step: Muon
+        leaves vectors to AdamW)."""
+        if graft == "sgd_step":
+            norm = self._graft_norms.pop(p)
+        elif p.ndim < 2:
+            return step
+        else:
+            rows, cols = p.shape[0], p[0].numel()
+            norm = math.sqrt(max(1.0, rows / cols)) * math.sqrt(min(rows, cols))
+        return step * (norm / step.norm().clamp_min(torch.finfo(step.dtype).tiny))
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

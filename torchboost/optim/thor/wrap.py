@@ -7,6 +7,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from torchboost.errors import ConfigError
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.closure import evaluate_closure
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
@@ -21,6 +22,10 @@ class ThorPreconditioned(PreconditionedProtocol, torch.optim.Optimizer):
         # torch's own initialisation (hooks, step patching) over the inner optimizer's groups: add_param_group
         # keeps the very dicts it is given, so both objects see one set of groups; the state is shared the
         # same way (Optimizer's public attributes).
+        if preconditioner.graft in ("sgd_step", "muon_step"):  # they size THOR's own update, not an inner one
+            raise ConfigError(f"graft={preconditioner.graft} sizes THOR's own momentum step, and a preconditioner in "
+                              "front of another optimizer takes that optimizer's step",
+                              "use graft=grad or none here, or the thor optimizer with graft=sgd_step/muon_step")
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
         self.optimizer, self.preconditioner = optimizer, preconditioner
