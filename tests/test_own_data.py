@@ -192,7 +192,15 @@ def test_mindspore_amp_levels_become_torch_keys(train, want):
 
     cfg = build_config({"train": train})
     assert (cfg.train.amp_dtype, cfg.train.cast_network, cfg.train.loss_scale) == want
-    assert "amp_level" not in dump_config(cfg)  # the saved config speaks torch's vocabulary only
+    assert "amp_level" not in dump_config(cfg) and "pending" not in dump_config(cfg)  # torch's keys only
+    # the same keys as separate --set overrides, in either order, and split between recipe and --set
+    items = [f"train.{k}={v}" for k, v in train.items()]
+    for overrides in (items, items[::-1]):
+        cfg = build_config(None, overrides)
+        assert (cfg.train.amp_dtype, cfg.train.cast_network, cfg.train.loss_scale) == want, overrides
+    first, *rest = train.items()
+    cfg = build_config({"train": dict([first])}, [f"train.{k}={v}" for k, v in rest])
+    assert (cfg.train.amp_dtype, cfg.train.cast_network, cfg.train.loss_scale) == want
 
 
 def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):

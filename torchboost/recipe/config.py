@@ -310,10 +310,23 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
 
 
 def _amp_level(train: TrainConfig, value: Any, where: str) -> None:
-    """MindSpore's train.amp_level, written as the torch keys it means (torchboost.compat.mindspore)."""
+    """MindSpore's train.amp_level: checked now, written as the torch keys it means once every source is merged
+    (`apply_amp_level`), so `--set train.amp_level=O2 --set train.amp_dtype=float16` adds loss scaling as
+    `amp_level: O2, amp_dtype: float16` in one mapping does."""
     from torchboost.compat.mindspore import level_of
 
-    level = level_of(check_type(value, str, where))
+    level_of(check_type(value, str, where))
+    train.__dict__["pending_amp_level"] = value  # not a field: never dumped, gone once applied
+
+
+def apply_amp_level(train: TrainConfig) -> None:
+    """The amp level given last (torchboost.compat.mindspore says what it means) as torch keys."""
+    from torchboost.compat.mindspore import level_of
+
+    name = train.__dict__.pop("pending_amp_level", None)
+    if name is None:
+        return
+    level = level_of(name)
     if not level.autocast:
         train.amp_dtype, train.cast_network = "none", False
         return
@@ -412,6 +425,7 @@ def build_config(source: dict | None = None, overrides: Sequence[str] = ()) -> C
         merge(cfg, source)
     for item in overrides:
         merge(cfg, parse_override(item))
+    apply_amp_level(cfg.train)
     return cfg
 
 
