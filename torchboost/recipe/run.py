@@ -281,7 +281,9 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
                        clip_value=t.clip_value, ema=ema, hooks=hooks, channels_last=cfg.model.channels_last,
                        compute_accuracy=True,  # train top-1 feeds the history's train/validation gap
                        input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
-                       nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps)
+                       nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps,
+                       # the host reads the loss when it logs it anyway, and before each step checkpoint
+                       check_every=math.gcd(t.log_every, cfg.checkpoint.save_every_steps))
     amp_dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
     if t.cast_network:
         net.to(amp_dtype)  # the weights too (MindSpore's O3): DDP above wraps the same module

@@ -16,7 +16,8 @@ import torch
 from torchboost.dist import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.fileio import remove_file, remove_stale_temps
-from torchboost.train.checkpoint import atomic_save, checkpoint_name, classifier_head, is_checkpoint_name
+from torchboost.train.checkpoint import (atomic_save, checkpoint_name, classifier_head, is_checkpoint_name,
+                                         weights_finite)
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
 from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
 from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
@@ -102,9 +103,11 @@ class ModelCheckpoint(Callback):
             remove_stale_temps(self.directory)
 
     def _save(self, state: TrainState, path: Path, epoch_complete: bool) -> Path:
-        if not state.loss_is_finite():  # TrainStep stops first; this guards custom steps and policies
-            raise TrainingError(f"refusing to write {path.name}: the loss at epoch {state.epoch + 1} step "
-                                f"{state.step_in_epoch} is not finite", "resume from the last checkpoint "
+        # TrainStep stops first; this guards custom steps, policies and a save between two deferred checks
+        # (the weights too: another rank's non-finite gradients reach these through the all-reduce)
+        if not state.loss_is_finite() or not weights_finite(state.model.module):
+            raise TrainingError(f"refusing to write {path.name}: the loss or the weights at epoch {state.epoch + 1} "
+                                f"step {state.step_in_epoch} are not finite", "resume from the last checkpoint "
                                 "with a lower learning rate, gradient clipping or loss scaling")
         return atomic_save(state.model.checkpoint_state(state, epoch_complete), path)
 

@@ -323,3 +323,9 @@ def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") 
         raise CheckpointError(f"{source} has unexpected tensor '{extra[0]}' ({len(extra)} extra)",
                               "it was saved for another architecture; check model.name")
     model.load_state_dict(state)
+
+
+def weights_finite(module: torch.nn.Module) -> bool:
+    """Every floating-point weight and buffer of `module` is finite (one host read)."""
+    tensors = [t for t in module.state_dict().values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())

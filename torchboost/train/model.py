@@ -165,8 +165,9 @@ class Model:
                     out = self.train_step(window, state.global_step)
                 except TrainingError as e:  # say where, in the user's terms
                     raise TrainingError(f"epoch {epoch + 1} step {state.step_in_epoch + 1}: {e.what}", e.fix) from None
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)  # honest step times: wait for the GPU's queue
+                # No device sync here: the host queues the next update while the GPU runs this one. Step times
+                # are the host's, which the GPU's bounded queue paces once it is full (the epoch's time ends
+                # with the evaluation's reads, so it is the device's).
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
                 state.step_in_epoch += 1
                 state.global_step += 1
@@ -180,6 +181,10 @@ class Model:
                     cb.on_train_step_end(state)
                 if state.stop_training:
                     break
+            try:  # the deferred non-finite check (StepOptions.check_every) before anything reads the epoch
+                self.train_step.flush_nonfinite(state.global_step - 1)
+            except TrainingError as e:
+                raise TrainingError(f"epoch {epoch + 1}: {e.what}", e.fix) from None
             state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summarize_epoch(state)}
             if self.optimizer is not None and self.optimizer.param_groups:  # the lr the epoch's last update used
                 state.eval_results["lr"] = float(self.optimizer.param_groups[0]["lr"])

@@ -72,10 +72,15 @@ class StepOptions:
     input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None  # (mean, std) for uint8 batches
     nonfinite: str = "stop"  # a non-finite loss: "stop" before applying it, or "skip" the update
     max_nonfinite_steps: int = 0  # with "skip": consecutive skipped updates allowed
+    # with "stop": the host reads the loss's finiteness every this many updates (and at `flush_nonfinite`), not
+    # after each: between reads the step queues work without waiting for the device (a GPU's queue stays full)
+    check_every: int = 1
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite={self.nonfinite!r} is not a policy", "use 'stop' or 'skip'")
+        if self.check_every < 1:
+            raise ConfigError(f"check_every={self.check_every} must be >= 1", "use 1 to check every update")
         if self.nonfinite == "skip" and self.max_nonfinite_steps < 1:
             raise ConfigError(f"nonfinite='skip' with max_nonfinite_steps={self.max_nonfinite_steps} would never "
                               "skip", "set max_nonfinite_steps to the consecutive skipped updates to allow (e.g. 10)")
@@ -105,7 +110,8 @@ class TrainStep:
         self.clip_global_norm, self.clip_value = o.clip_global_norm, o.clip_value
         self.ema, self.hooks, self.lr_schedule = o.ema, list(o.hooks), o.lr_schedule
         self.channels_last, self.compute_accuracy, self.input_norm = o.channels_last, o.compute_accuracy, o.input_norm
-        self.nonfinite, self.max_nonfinite_steps = o.nonfinite, o.max_nonfinite_steps
+        self.nonfinite, self.max_nonfinite_steps, self.check_every = o.nonfinite, o.max_nonfinite_steps, o.check_every
+        self.first_nonfinite: Optional[torch.Tensor] = None  # deferred checks: first bad update index, else -1
         # EMA tracks the bare module even when `model` is a DDP wrapper.
         self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
         self.last_grad_norm: Optional[torch.Tensor] = None
@@ -167,7 +173,11 @@ class TrainStep:
             if correct is not None:
                 correct += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim > 1 else y)).sum()  # soft: argmax
         loss = loss_sum / max(samples, 1)
-        if self.loss_nonfinite(loss, step):  # skip: no optimizer, scaler, hook or EMA change
+        if self.nonfinite == "stop" and self.check_every > 1:  # noted on the device, read at the next check
+            self.note_nonfinite(loss, step)
+            if (step + 1) % self.check_every == 0:
+                self.flush_nonfinite(step)
+        elif self.loss_nonfinite(loss, step):  # skip: no optimizer, scaler, hook or EMA change
             opt.zero_grad(set_to_none=True)
             return StepOutput(loss=loss, samples=samples, correct=correct, skipped=True, nonfinite=True)
 
@@ -207,6 +217,29 @@ class TrainStep:
             raise TrainingError(f"{seen} at update {step + 1}: {self.nonfinite_streak} non-finite updates in a row "
                                 f"(max_nonfinite_steps={self.max_nonfinite_steps})", fix)
         return True
+
+    def note_nonfinite(self, loss: torch.Tensor, step: int) -> None:
+        """Remember, on the device and without a host read, the first update whose loss is inf/NaN."""
+        bad = ~torch.isfinite(loss)
+        if self.first_nonfinite is None:
+            self.first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
+        self.first_nonfinite = torch.where(bad & (self.first_nonfinite < 0), step, self.first_nonfinite)
+
+    def flush_nonfinite(self, step: int) -> None:
+        """The deferred check, at update `step` (every rank calls it at the same updates: the decision is
+        one all-reduce there, none in between): raises TrainingError naming the first update whose loss was
+        not finite. Its update and those after were applied, so the weights now are not to be kept: the run
+        stops, and checkpoints (written only after a check) hold finite weights."""
+        if self.first_nonfinite is None:
+            return
+        first, self.first_nonfinite = int(self.first_nonfinite), None
+        if not dist.any_rank(first >= 0):
+            return
+        where = f"at update {first + 1}" if first >= 0 else "on another rank"
+        raise TrainingError(f"the loss became non-finite {where} (checked at update {step + 1}, every "
+                            f"{self.check_every} updates); stopped",
+                            "lower the learning rate, clip gradients (clip_global_norm) or use loss scaling, then "
+                            "resume from the last checkpoint (checkpoints only ever hold finite weights)")
 
     def unscale_and_check(self) -> bool:
         """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
