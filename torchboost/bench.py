@@ -142,7 +142,8 @@ def build_model(opts: BenchOptions, device: torch.device,
     dtype = PRECISIONS[opts.precision]
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None  # fp16 needs loss scaling
     return Model(net, nn.CrossEntropyLoss(), opt, device=device, amp_dtype=dtype, grad_scaler=scaler,
-                 channels_last=opts.channels_last, input_norm=DEFAULT_STATS[channels], compile=opts.compile)
+                 channels_last=opts.channels_last, input_norm=DEFAULT_STATS[channels],
+                 compile="default" if opts.compile else "none")
 
 
 def make_step(opts: BenchOptions, device: torch.device,

@@ -4,6 +4,7 @@
 
 - `step()` / `step(closure)`: torch's. `needs_closure` says the step re-evaluates the loss itself (DimReduce's
   line search) and must be given a closure.
+- `compilable`: whether the step may be compiled with the rest of the update (`train.compile`).
 - `attach_grad_scaler(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
   backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
 - per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
@@ -28,6 +29,9 @@ class TrainerProtocol:
     """Mixin for optimizers with needs of their own; the defaults are a plain torch optimizer's."""
 
     needs_closure: ClassVar[bool] = False
+    # whether TrainStep may torch.compile the optimizer's step (StepOptions.compile): not for optimizers that
+    # hook the model (THOR's capture hooks) or re-run the forward themselves
+    compilable: ClassVar[bool] = True
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""

@@ -48,7 +48,6 @@ class ModelConfig:
     small_input: Optional[bool] = option(None, help="ResNets: 3x3 stride-1 stem without max-pool for 8-64 px "
                                                     "images; unset: on for images <= 64 px")
     channels_last: bool = option(False, help="NHWC memory layout (faster convolutions on some CPUs and GPUs)")
-    compile: bool = option(False, help="torch.compile the network (faster inference; slower CPU training here)")
 
 
 @dataclass
@@ -225,6 +224,10 @@ class TrainConfig:
                                                     "for other classes is re-initialised); --resume restores all")
     freeze_backbone_epochs: int = option(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
                                                                       "head for this many epochs first")
+    compile: str = option("none", choices=("none", "default", "max-autotune", "cudagraphs"),
+                          help="torch.compile the training step (forward + backward and the optimizer's step; not "
+                               "THOR's): default, max-autotune, or cudagraphs (CUDA graphs); the first update "
+                               "compiles, and its time is printed")
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
     mlflow: MlflowSection = dataclasses.field(default_factory=MlflowSection)
 
@@ -337,13 +340,19 @@ def apply_amp_level(train: TrainConfig) -> None:
         train.loss_scale = "dynamic"
 
 
+def _model_compile(model: ModelConfig, value: Any, where: str) -> None:
+    """The earlier model.compile (true: the network compiled), read as train.compile=default once merged."""
+    model.__dict__["pending_compile"] = check_type(value, bool, where)
+
+
 def _drop_overflow_update(train: TrainConfig, value: Any, where: str) -> None:
     train.skip_overflow = check_type(value, bool, where)
 
 
 # MindSpore's names for keys, read where a recipe, --set or a saved config gives them; the config holds only
 # torch's (`torchboost.compat.mindspore` says what each means)
-ALIASES = {TrainConfig: {"amp_level": _amp_level, "drop_overflow_update": _drop_overflow_update}}
+ALIASES = {TrainConfig: {"amp_level": _amp_level, "drop_overflow_update": _drop_overflow_update},
+           ModelConfig: {"compile": _model_compile}}
 
 
 def _suggest_key(where: str, key: str, obj: Any, prefix: str) -> str:
@@ -426,6 +435,8 @@ def build_config(source: dict | None = None, overrides: Sequence[str] = ()) -> C
     for item in overrides:
         merge(cfg, parse_override(item))
     apply_amp_level(cfg.train)
+    if cfg.model.__dict__.pop("pending_compile", False) and cfg.train.compile == "none":
+        cfg.train.compile = "default"
     return cfg
 
 

@@ -283,13 +283,13 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
                        input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
                        nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps,
                        # the host reads the loss when it logs it anyway, and before each step checkpoint
-                       check_every=math.gcd(t.log_every, cfg.checkpoint.save_every_steps))
+                       check_every=math.gcd(t.log_every, cfg.checkpoint.save_every_steps), compile=t.compile)
     amp_dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
     if t.cast_network:
         net.to(amp_dtype)  # the weights too (MindSpore's O3): DDP above wraps the same module
     model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_dtype=amp_dtype,
                   grad_scaler=scaler, device=device,
-                  accumulation_steps=t.accumulation_steps, compile=cfg.model.compile, options=step)
+                  accumulation_steps=t.accumulation_steps, options=step)
     return model, lr
 
 

@@ -40,7 +40,7 @@ class Model:
                  optimizer: Optional[torch.optim.Optimizer] = None,
                  metrics: Optional[Iterable[str]] = None, *,
                  device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
-                 accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep, compile: bool = False,
+                 accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep,
                  options: Optional[StepOptions] = None, **step_options: Any) -> None:
         options = StepOptions.of(options, **step_options)
         if accumulation_steps < 1:
@@ -64,11 +64,12 @@ class Model:
         self.channels_last = options.channels_last
         self.ema = options.ema
         self.train_step: Optional[TrainStep] = None
-        # torch.compile wraps the forward; the bare module keeps the state dict and the EMA/hook targets.
-        self.compiled = torch.compile(self.network) if compile else self.network
+        # with StepOptions.compile the step compiles its own forward; eval and predict use a compiled copy too
+        # (the bare module keeps the state dict and the EMA/hook targets)
+        self.compiled = self.network if options.compile == "none" else torch.compile(self.network)
         if optimizer is not None and loss_fn is not None:
             options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype)
-            self.train_step = step_cls(self.compiled, loss_fn, optimizer, options, device=self.device,
+            self.train_step = step_cls(self.network, loss_fn, optimizer, options, device=self.device,
                                        ema_model=self.module)
         self.extra_state: dict[str, Any] = {}  # plain values saved in checkpoints (e.g. the resolved config)
         self._resume: Optional[dict] = None
@@ -139,6 +140,7 @@ class Model:
                            callbacks=callbacks)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip = self._resume_position(state, len(train_data) * max(state.batch_size, 1))
+        first_step = state.global_step  # the update a compiled step compiles at
         for cb in callbacks:
             cb.on_train_begin(state)
 
@@ -169,6 +171,9 @@ class Model:
                 # are the host's, which the GPU's bounded queue paces once it is full (the epoch's time ends
                 # with the evaluation's reads, so it is the device's).
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
+                if state.global_step == first_step and self.train_step.options.compile != "none":
+                    state.log(f"compile={self.train_step.options.compile}: the first update took "
+                              f"{state.step_time:.1f} s, compiling included")
                 state.step_in_epoch += 1
                 state.global_step += 1
                 state.samples_in_epoch += out.samples

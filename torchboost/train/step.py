@@ -52,6 +52,8 @@ class StepOutput:
 
 
 NONFINITE_POLICIES = ("stop", "skip")
+# StepOptions.compile -> torch.compile's mode ("reduce-overhead" is inductor with CUDA graphs)
+COMPILE_MODES = {"none": None, "default": "default", "max-autotune": "max-autotune", "cudagraphs": "reduce-overhead"}
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,15 @@ class StepOptions:
     # with "stop": the host reads the loss's finiteness every this many updates (and at `flush_nonfinite`), not
     # after each: between reads the step queues work without waiting for the device (a GPU's queue stays full)
     check_every: int = 1
+    # torch.compile the forward + loss (its backward through AOTAutograd) and the optimizer's step: none,
+    # default, max-autotune or cudagraphs (inductor with CUDA graphs); hooks, clipping and EMA stay eager
+    compile: str = "none"
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite={self.nonfinite!r} is not a policy", "use 'stop' or 'skip'")
+        if self.compile not in COMPILE_MODES:
+            raise ConfigError(f"compile={self.compile!r} is not a mode", f"use one of {', '.join(COMPILE_MODES)}")
         if self.check_every < 1:
             raise ConfigError(f"check_every={self.check_every} must be >= 1", "use 1 to check every update")
         if self.nonfinite == "skip" and self.max_nonfinite_steps < 1:
@@ -119,10 +126,35 @@ class TrainStep:
         # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
         self.protocol = protocol_of(optimizer)
         self.protocol.attach_grad_scaler(o.grad_scaler)
+        if o.compile != "none":
+            self._compile(COMPILE_MODES[o.compile])
         if o.lr_schedule is not None and follows_schedule(optimizer):  # optim.lr: one schedule writes the lr
             raise ConfigError("the optimizer already follows its own per-update lr schedule (an lr array or "
                               "callable given to it), and an lr_schedule was given to the step too",
                               "give the schedule once: a number as the optimizer's lr, and lr_schedule here")
+
+    def _compile(self, mode: str) -> None:
+        if not self.protocol.compilable:
+            raise ConfigError(f"{type(self.optimizer).__name__}'s step cannot be compiled (it hooks the model or "
+                              "re-runs the forward)", "train it with compile=none")
+        # instance attributes over the methods: a subclass's override is what gets compiled
+        self.forward_loss = torch.compile(self.forward_loss, mode=mode)  # type: ignore[method-assign]
+        self.compiled_step = torch.compile(self.optimizer.step, mode=mode)
+        # the compiled step reads each group's lr from one 0-d tensor per group, refilled before each call:
+        # a float there would be a constant of the graph, recompiled at every new value of the schedule
+        self.lr_tensors = [torch.zeros((), device=self.device) for _ in self.optimizer.param_groups]
+
+    def run_compiled_step(self) -> None:
+        groups = self.optimizer.param_groups
+        floats = [g["lr"] for g in groups]
+        for g, t, lr in zip(groups, self.lr_tensors, floats):
+            t.fill_(lr)
+            g["lr"] = t
+        try:
+            self.compiled_step()
+        finally:
+            for g, lr in zip(groups, floats):  # the groups keep plain numbers (checkpoints, schedulers)
+                g["lr"] = lr
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,6 +306,8 @@ class TrainStep:
             opt.step(closure)
         elif scaler is not None:
             scaler.step(opt)  # gradients are already unscaled; GradScaler skips on inf (FixedGradScaler may not)
+        elif self.options.compile != "none":
+            self.run_compiled_step()
         else:
             opt.step()
 

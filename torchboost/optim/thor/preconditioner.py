@@ -324,6 +324,7 @@ class PreconditionedProtocol(TrainerProtocol):
     trainer's GradScaler goes to the preconditioner, which unscales its G factors by it."""
 
     preconditioner: ThorPreconditioner
+    compilable = False  # its capture hooks run eagerly around the forward and backward
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler

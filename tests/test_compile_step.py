@@ -1,0 +1,71 @@
+"""A compiled training step (StepOptions.compile, train.compile): after N updates with a changing lr, the weights
+match the eager step's (float64, inductor on the CPU), without recompiling for each new lr; optimizers that
+hook the model are refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+from torchboost.errors import ConfigError
+from torchboost.optim.registry import OptimizerArgs, build_optimizer
+from torchboost.train.step import TrainStep
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(4 * 8 * 8, 10)).double()
+
+
+def _batch(k: int):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(8, 1, 12, 12, generator=g, dtype=torch.float64), torch.randint(0, 10, (8,), generator=g)
+
+
+# Muon orthogonalises in bf16 (torch's Newton-Schulz), whose rounding differs between the compiled and eager
+# kernels: its updates agree to bf16's ~0.4% per step, the others' to float64's
+@pytest.mark.parametrize("name, lr, rtol", [("sgd", 0.1, 1e-7), ("adamw", 1e-3, 1e-6), ("muon", 0.02, 3e-2)])
+def test_a_compiled_step_trains_like_the_eager_one(name, lr, rtol):
+    torch._dynamo.reset()
+    schedule = [lr * 0.8**k for k in range(6)]
+    runs = {}
+    for mode in ("none", "default"):
+        net = _net()
+        opt = build_optimizer(name, net, OptimizerArgs(lr=lr, weight_decay=1e-3))
+        step = TrainStep(net, nn.CrossEntropyLoss(), opt, lr_schedule=schedule, compile=mode)
+        for k in range(6):
+            step([_batch(k)], k)
+        runs[mode] = (net, opt)
+    (eager, eager_opt), (compiled, compiled_opt) = runs["none"], runs["default"]
+    start = list(_net().parameters())
+    with torch.no_grad():
+        for p, q, w0 in zip(eager.parameters(), compiled.parameters(), start):  # what the 6 updates changed
+            moved = (p - w0).norm()  # (a conv bias before a BatchNorm has no gradient: only weight decay moves it)
+            assert (q - p).norm() <= rtol * moved + 1e-10, (name, float((q - p).norm()), float(moved))
+    assert [g["lr"] for g in compiled_opt.param_groups] == [g["lr"] for g in eager_opt.param_groups]
+    assert all(type(g["lr"]) is float for g in compiled_opt.param_groups)  # checkpoints hold plain numbers
+
+
+def test_a_changing_lr_does_not_recompile_the_step():
+    torch._dynamo.reset()
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    step = TrainStep(net, nn.CrossEntropyLoss(), opt, lr_schedule=[0.1 / (k + 1) for k in range(12)],
+                     compile="default")
+    for k in range(2):  # the first two updates compile: without, then with the momentum buffers
+        step([_batch(k)], k)
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for k in range(2, 12):
+        step([_batch(k % 3)], k)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+def test_thor_and_unknown_modes_are_refused_in_one_line():
+    net = _net()
+    with pytest.raises(ConfigError, match="cannot be compiled"):
+        TrainStep(net, nn.CrossEntropyLoss(), build_optimizer("thor", net, OptimizerArgs(lr=0.1)), compile="default")
+    with pytest.raises(ConfigError, match="is not a mode"):
+        TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), compile="fast")
