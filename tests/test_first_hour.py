@@ -136,14 +136,15 @@ def test_metric_aliases_through_the_recipe(tmp_path, capsys):
 
 
 def test_the_readme_names_only_real_keys_commands_and_recipes():
-    """What a newcomer copies from the README exists: every config key it sets or names in its prose and
+    """What a newcomer copies from the README and the guide exists: every config key they set or name in prose and
     commands (a renamed key would be refused at the first try, or a section read as a key), every `torchboost`
     subcommand and every shipped recipe. Its Python examples are run by tests/test_readme.py."""
     from torchboost.cli import build_parser
     from torchboost.options import leaf_fields
     from torchboost.recipe.config import Config, list_recipes
 
-    text = re.sub(r"```python\n.*?```", "", README.read_text(), flags=re.S)  # `model.train(...)` is Python
+    pages = [README, *sorted((README.parent / "docs" / "guide").glob("*.md"))]  # the README and the user guide
+    text = re.sub(r"```python\n.*?```", "", "\n".join(p.read_text() for p in pages), flags=re.S)  # Python: not keys
     code = re.findall(r"```\w*\n(.*?)```", text, flags=re.S) + re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "",
                                                                                                  text, flags=re.S))
     leaves = {key: value for key, _, _, value in leaf_fields(Config())}
@@ -155,7 +156,7 @@ def test_the_readme_names_only_real_keys_commands_and_recipes():
         return name in leaves or any(key.startswith(name + ".") for key in leaves) or any(
             name.startswith(key + ".") and isinstance(value, dict) for key, value in leaves.items())
 
-    assert not [name for name in named if not real(name)], "README names config keys that do not exist"
+    assert not [name for name in named if not real(name)], "the docs name config keys that do not exist"
     commands = {m for block in code for m in re.findall(r"(?:^|\s|-m )torchboost ([a-z][a-z-]*)", block, flags=re.M)}
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {"train", "eval", "predict", "convert"} <= commands
