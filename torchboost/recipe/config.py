@@ -54,7 +54,7 @@ class ModelConfig:
 class DataConfig:
     dataset: str = option(DEFAULT_KIND, choices=tuple(list_kinds()),
                           help="data-set kind: an image folder, tar shards or a built-in set")
-    path: Optional[str] = option(None, help="the data's folder (train/ and val/ inside, or one folder per class)")
+    path: Optional[str] = option(None, help="the data's folder: train/<class>/ and val/<class>/ (or test/) inside")
     image_size: Optional[int] = option(None, ge=1, le=2048, help="side of the square network input; unset: "
                                                                  "native size for small images, 224 for photos")
     channels: Optional[int] = option(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
@@ -65,8 +65,9 @@ class DataConfig:
     pin_memory: bool = option(False, help="page-locked batches for faster copies to a GPU")
     skip_corrupt: bool = option(False, help="leave out images that cannot be decoded (and say how many) "
                                             "instead of stopping")
-    mean: Optional[list[float]] = option(None, help="per-channel normalisation mean; unset: the data's "
-                                                    "(ImageNet's for photos)")
+    mean: Optional[list[float]] = option(None, help="per-channel normalisation mean; unset: a built-in set's "
+                                                    "own, ImageNet's for 3-channel folders and shards, 0.5 for "
+                                                    "1-channel ones")
     std: Optional[list[float]] = option(None, gt=0, help="per-channel normalisation std; unset: as mean")
     crop_pct: float = option(0.875, gt=0, le=1, help="evaluation centre crop: resize to image_size / crop_pct, "
                                                      "then crop")
