@@ -2,7 +2,7 @@
 reads only the samples it decodes.
 
 Without the table every worker of a process walks every tar header of that process's shards to find its own
-samples (~70 µs of CPU per image per worker here, against ~6 ms to decode it). With it, the sample order of
+samples (a CPU cost per image and per worker, small against decoding it but multiplied by the workers). With it, the sample order of
 an epoch, a function of the shard lengths only, is computed without reading, and a worker reads each of its
 samples from [start, next start) by offset: each tar header (`parse_header`: tarfile's header checks,
 without decoding the fields nobody reads) and each member's data with one `pread`, checked as the streaming

@@ -1,4 +1,4 @@
-"""Training and evaluation transforms with Pillow + torch (torchvision cannot load on this CPU torch).
+"""Training and evaluation transforms with Pillow + torch (torchvision is not required: its wheels are CUDA builds).
 
 Geometry follows torchvision: RandomResizedCrop's sampling, Resize of the shorter side, centre crop, and
 Pillow's antialiased bilinear resize (run by torch's faster uint8 port of it where the box is whole
@@ -131,7 +131,7 @@ def resize_region(img: Image.Image, box: tuple[float, float, float, float], size
 
 def resize_uint8(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Antialiased bilinear resize of an H×W(×C) uint8 array to size (w, h) with torch's uint8 kernel: a port
-    of Pillow's (within 1/255), 2-5× faster here (AVX2), and serial per image (no OpenMP region)."""
+    of Pillow's (within 1/255), faster with AVX2, and serial per image (no OpenMP region)."""
     x = torch.from_numpy(a if a.ndim == 3 else a[..., None]).permute(2, 0, 1)[None]  # channels-last view
     y = F.interpolate(x, size=(size[1], size[0]), mode="bilinear", antialias=True, align_corners=False)
     return y[0].permute(1, 2, 0).numpy()
