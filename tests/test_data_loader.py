@@ -8,7 +8,7 @@ import torch
 
 from torchboost.data import build_loader
 from torchboost.data.builtin import _load_raw, load_builtin, stratified_split
-from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng
+from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, shuffle_seed
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
@@ -37,7 +37,7 @@ def test_train_shards_are_equal_disjoint_and_reshuffled(world):
         assert len(set(flat)) == len(flat) == n // world * world
         orders.append(flat)
         # rank r takes positions r::world of one permutation seeded with seed + epoch
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(3 + epoch))[: n // world * world]
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed(3, epoch)))[: n // world * world]
         assert shards[-1] == perm[world - 1 :: world].tolist()
     assert orders[0] != orders[1]
 
@@ -47,7 +47,7 @@ def test_plain_loops_reshuffle_every_epoch_and_set_epoch_wins(workers):
     n = 100  # label i on sample i: a batch's labels are the indices it was drawn from
     ds = TensorImageDataset(torch.zeros(n, 1, 2, 2, dtype=torch.uint8), torch.arange(n), [str(i) for i in range(n)],
                             (0.5,), (0.5,))
-    perm = [torch.randperm(n, generator=torch.Generator().manual_seed(9 + e)).tolist() for e in range(3)]
+    perm = [torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed(9, e))).tolist() for e in range(3)]
     loader = build_loader(ds, 16, train=True, seed=9, workers=workers)
 
     def order():
@@ -211,3 +211,16 @@ def test_synthetic_pool_over_a_quarter_of_memory_is_refused_before_allocating(mo
     monkeypatch.undo()  # the real machine: a 64 × 3 × 100,000² pool (1.9 TB) fails at once, allocating nothing
     with pytest.raises(DataError, match="need 1788.1 GiB"):
         SyntheticImages(1_281_167, 1000, 3, 100_000)
+
+
+def test_neighbouring_seeds_shuffle_independently():
+    """seed s's epoch e must not repeat seed s+1's epoch e-1 (a race's seeds would share batch orders)."""
+    from torchboost.data.sampling import ShardSampler
+
+    def order(seed, epoch):
+        s = ShardSampler(100, seed=seed)
+        s.set_epoch(epoch)
+        return [int(i) for i in s]
+
+    assert order(0, 1) != order(1, 0) and order(3, 5) != order(4, 4) and order(2, 0) != order(0, 2)
+    assert order(0, 1) == order(0, 1)  # still a function of (seed, epoch)

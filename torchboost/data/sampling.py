@@ -64,11 +64,17 @@ def batch_rng(indices: Sequence[int]) -> np.random.Generator:
     return np.random.default_rng(int(torch.randint(2**62, ())))
 
 
+def shuffle_seed(seed: int, epoch: int) -> int:
+    """The permutation seed of (seed, epoch): a SeedSequence of both, so seed s's epoch e never shuffles like
+    seed s+1's epoch e-1 (as seed + epoch did: runs with neighbouring seeds saw the same batch orders)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> 1)
+
+
 class ShardSampler(Sampler[SampleIndex]):
     """This rank's share of `range(n)` for one epoch.
 
-    Shuffling uses a torch.Generator seeded with seed + epoch, so every rank draws the same permutation
-    and takes positions rank::world_size of it. drop_last=True (training) first cuts the permutation to a
+    Shuffling uses a torch.Generator seeded from (seed, epoch) (`shuffle_seed`), so every rank draws the same
+    permutation and takes positions rank::world_size of it. drop_last=True (training) first cuts the permutation to a
     multiple of world_size so all ranks yield the same count; drop_last=False (evaluation) covers every
     sample exactly once across ranks, without padding (shard lengths may differ by one).
 
@@ -100,7 +106,7 @@ class ShardSampler(Sampler[SampleIndex]):
 
     def _shard(self) -> list[int]:
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            g = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
