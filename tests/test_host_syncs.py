@@ -1,4 +1,4 @@
-"""No host wait per update (issue: GPU steps): with the deferred non-finite check the host reads a device value
+"""No host wait per update: with the deferred non-finite check the host reads a device value
 O(updates / check_every) times, not once per update. Counted on the CPU by wrapping every Tensor method that
 copies a value to the host (the reads that would wait for a GPU's queue)."""
 

@@ -16,26 +16,26 @@ from bounded import within
 from torchboost.cli import main
 from torchboost.errors import ConfigError
 from torchboost.recipe.lr_find import centred_grid
-from torchboost.train.lr_find import find_lr, lr_sweep, suggest_lr
+from torchboost.train.lr_find import find_lr, lr_sweep, steepest_lr
 from torchboost.train.step import TrainStep
 from train_tiny import batches, tiny_net
 
 
-def test_the_suggestion_is_the_steepest_fall_of_a_known_curve():
+def test_the_steepest_fall_of_a_known_curve():
     """loss(x) = 2 - tanh((x - x0) / w) over x = log(lr) falls fastest at x0 (its derivative -sech^2 / w is
     most negative there): the suggestion is the sweep's lr nearest e^x0."""
     lrs = np.geomspace(1e-6, 1.0, 300)
     for x0 in (math.log(1e-4), math.log(3e-3), math.log(0.05)):
         loss = 2 - np.tanh((np.log(lrs) - x0) / 1.5)
         loss[-20:] += np.linspace(0, 5, 20)  # the climb after divergence is ignored
-        got = suggest_lr(lrs, loss)
+        got = steepest_lr(lrs, loss)
         assert got == pytest.approx(lrs[np.argmin(abs(np.log(lrs) - x0))], rel=0.05)
 
 
 def test_no_suggestion_when_the_loss_never_falls():
     lrs = np.geomspace(1e-6, 1.0, 100)
-    assert suggest_lr(lrs, np.linspace(2, 3, 100)) is None
-    assert suggest_lr(lrs[:3], [2.0, 1.0, 3.0]) is None
+    assert steepest_lr(lrs, np.linspace(2, 3, 100)) is None
+    assert steepest_lr(lrs[:3], [2.0, 1.0, 3.0]) is None
 
 
 def test_the_sweep_sets_each_update_to_its_geometric_lr_and_stops_when_the_loss_diverges():
@@ -54,6 +54,14 @@ def test_the_sweep_sets_each_update_to_its_geometric_lr_and_stops_when_the_loss_
         avg = beta * avg + (1 - beta) * loss
         assert result.smoothed[k] == pytest.approx(avg / (1 - beta ** (k + 1)), rel=1e-9)
     assert result.min_loss_lr == result.lrs[int(np.argmin(result.smoothed))]
+    assert result.suggestion == pytest.approx(result.min_loss_lr / 10)  # a decade below the lowest point
+
+
+def test_no_suggestion_when_the_sweep_never_lowers_the_loss():
+    net = tiny_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    result = find_lr(TrainStep(net, nn.CrossEntropyLoss(), opt), batches(2), lr_sweep(1e3, 1e6, 20))
+    assert result.suggestion is None and result.stopped
 
 
 @pytest.mark.parametrize("start, end, updates", [(0.0, 1.0, 100), (1.0, 0.1, 100), (1e-3, float("inf"), 100),

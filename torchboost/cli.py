@@ -603,7 +603,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     rc.set_defaults(func=_cmd_race)
 
     lf = sub.add_parser("lr-find", help="lr range test: sweep the lr up over a few hundred updates and suggest one "
-                                        "per optimizer (steepest fall of the smoothed loss), with a plot",
+                                        "per optimizer (a decade below the smoothed loss's lowest point), with a plot",
                         later=_lr_find_arguments)
     lf.set_defaults(func=_cmd_lr_find)
 

@@ -52,14 +52,15 @@ def centred_grid(grid: Iterable[float], suggestion: float) -> tuple[float, ...]:
 
 
 def format_results(results: dict[str, LrFindResult]) -> str:
-    rows = [f"{'optimizer':<14} {'suggested lr':>12} {'lowest loss at':>14}  note"]
+    rows = [f"{'optimizer':<14} {'suggested lr':>12} {'lowest loss at':>14} {'steepest fall':>13}  note"]
     for name, r in results.items():
         sug = f"{r.suggestion:.3g}" if r.suggestion is not None else "none"
         low = f"{r.min_loss_lr:.3g}" if r.min_loss_lr is not None else "-"
+        steep = f"{r.steepest_lr:.3g}" if r.steepest_lr is not None else "-"
         note = r.stopped or f"ran all {len(r.lrs)} updates"
         if r.suggestion is None:
             note += "; the loss never fell: widen the range (--start/--end) or check the data"
-        rows.append(f"{name:<14} {sug:>12} {low:>14}  {note}")
+        rows.append(f"{name:<14} {sug:>12} {low:>14} {steep:>13}  {note}")
     return "\n".join(rows)
 
 

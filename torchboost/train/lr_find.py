@@ -1,5 +1,9 @@
 """The learning-rate range test (Smith 2017; fastai's and Lightning's lr finder): train for a few hundred updates
-while the lr grows geometrically, watch the smoothed loss, and suggest the lr where it falls fastest.
+while the lr grows geometrically, watch the smoothed loss, and suggest one decade below the lr of its lowest
+point (fastai's first rule). The lr where the loss falls fastest (Lightning's rule) is reported beside it:
+measured on the default task it moved by one to two decades between two sweeps of nearly the same task (the
+fastest fall there is the escape from the initial weights, at whatever lr the sweep starts), while the lowest
+point moved by less than 20% (BENCHMARKS.md, "lr range test").
 
 Written here rather than taken from a library: torch has none, and Lightning's and fastai's drive their own
 trainers. This one drives a `TrainStep` (any optimizer, its lr written through the step's schedule), so the
@@ -20,19 +24,21 @@ from .step import TrainStep
 
 @dataclass
 class LrFindResult:
-    """The sweep: the lr of each update, its loss, the smoothed loss, and the suggestion (None: the loss never
-    fell). `stopped`: why the sweep ended before its last update ("" when it ran them all)."""
+    """The sweep: the lr of each update, its loss, the smoothed loss, the lr of the lowest smoothed loss, the lr
+    of its steepest fall, and the suggestion (a tenth of the lowest point's lr; None: the loss never fell).
+    `stopped`: why the sweep ended before its last update ("" when it ran them all)."""
 
     lrs: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     smoothed: list[float] = field(default_factory=list)
     suggestion: Optional[float] = None
     min_loss_lr: Optional[float] = None
+    steepest_lr: Optional[float] = None
     stopped: str = ""
 
     def to_dict(self) -> dict:
         return dict(lrs=self.lrs, losses=self.losses, smoothed=self.smoothed, suggestion=self.suggestion,
-                    min_loss_lr=self.min_loss_lr, stopped=self.stopped)
+                    min_loss_lr=self.min_loss_lr, steepest_lr=self.steepest_lr, stopped=self.stopped)
 
 
 def lr_sweep(start: float, end: float, updates: int) -> np.ndarray:
@@ -45,8 +51,8 @@ def lr_sweep(start: float, end: float, updates: int) -> np.ndarray:
     return np.geomspace(start, end, updates)
 
 
-def suggest_lr(lrs: Iterable[float], smoothed: Iterable[float], skip_start: int = 10, skip_end: int = 5
-               ) -> Optional[float]:
+def steepest_lr(lrs: Iterable[float], smoothed: Iterable[float], skip_start: int = 10, skip_end: int = 5
+                ) -> Optional[float]:
     """The lr where the smoothed loss falls fastest against log(lr) (the steepest negative slope), looked for
     before the loss's minimum and away from the sweep's noisy ends; None when the loss never falls there."""
     lrs, loss = np.asarray(list(lrs), dtype=np.float64), np.asarray(list(smoothed), dtype=np.float64)
@@ -85,8 +91,11 @@ def find_lr(step: TrainStep, batches: Iterable, lrs: np.ndarray, beta: float = 0
             result.stopped = f"loss diverged at lr {lr:.3g} ({smooth:.3g} > {diverge:g} x the best {best:.3g})"
             break
     if result.smoothed:
-        result.min_loss_lr = result.lrs[int(np.argmin(result.smoothed))]
-        result.suggestion = suggest_lr(result.lrs, result.smoothed)
+        low = int(np.argmin(result.smoothed))
+        result.min_loss_lr = result.lrs[low]
+        result.steepest_lr = steepest_lr(result.lrs, result.smoothed)
+        if result.smoothed[low] < result.smoothed[0]:  # the loss fell: a decade below its lowest point
+            result.suggestion = result.min_loss_lr / 10
     return result
 
 
@@ -111,10 +120,10 @@ def lr_find_figure(results: dict[str, LrFindResult]):
         if not r.lrs:
             continue
         line, = ax.plot(r.lrs, r.smoothed, label=name)
-        if r.suggestion is not None:
-            i = r.lrs.index(r.suggestion)
-            ax.plot([r.suggestion], [r.smoothed[i]], "o", color=line.get_color())
-            ax.annotate(f"{r.suggestion:.2g}", (r.suggestion, r.smoothed[i]), textcoords="offset points",
+        if r.suggestion is not None:  # marked on the curve at the sweep's nearest lr
+            i = int(np.argmin(np.abs(np.log(r.lrs) - np.log(r.suggestion))))
+            ax.plot([r.lrs[i]], [r.smoothed[i]], "o", color=line.get_color())
+            ax.annotate(f"{r.suggestion:.2g}", (r.lrs[i], r.smoothed[i]), textcoords="offset points",
                         xytext=(4, 6), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
@@ -124,7 +133,7 @@ def lr_find_figure(results: dict[str, LrFindResult]):
         low = min(finite)
         start = max(r.smoothed[0] for r in results.values() if r.smoothed)
         ax.set_ylim(low - 0.05 * abs(low), max(start, low) * 1.5 + 1e-9)
-    ax.set_title("lr range test: the dot is the suggested lr (steepest descent)")
+    ax.set_title("lr range test: the dot is the suggested lr (a decade below the lowest loss)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
