@@ -173,3 +173,17 @@ def test_race_trace_records_each_layers_last_update_and_plots_it(tmp_path, capsy
             for v in layers.values():
                 assert 0 < v["rel_step"] < 1 and v["norm"] > 0
                 assert ("damping_eff" in v) == (run["optimizer"] == "thor")
+
+
+def test_every_racer_warms_up_from_the_same_fraction_of_its_own_lr():
+    """The recipe's lr_init/lr_end are written for its own lr: a racer at another lr starts (and ends) at the
+    same fraction of its lr, not at the recipe's absolute values."""
+    from torchboost.recipe.build import build_schedule
+    from torchboost.recipe.load import load_config
+    from torchboost.recipe.race import relative_schedule
+
+    cfg = load_config("mnist-lenet", ["schedule.lr_end=0.0005"])  # lr 0.05, warm-up from 0.005
+    for lr in (0.001, 0.05, 0.2):
+        lrs = build_schedule(relative_schedule(cfg, lr), lr, 62)
+        ref = build_schedule(cfg, cfg.optim.lr, 62) * (lr / cfg.optim.lr)
+        assert lrs == pytest.approx(ref, rel=1e-12) and max(lrs) <= lr * (1 + 1e-12)

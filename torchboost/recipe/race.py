@@ -208,7 +208,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
     model = build_model(cfg).to(device)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
     steps = len(loader)
-    schedule = build_schedule(cfg, lr, steps)
+    schedule = build_schedule(relative_schedule(cfg, lr), lr, steps)
     opt = racer.build(model, lr, steps, cfg.train.epochs)
     loss_fn = build_loss(cfg)
     if racer.make_step is not None:
@@ -218,6 +218,15 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
     return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt)
+
+
+def relative_schedule(cfg: Config, lr: float) -> Config:
+    """The recipe's schedule for a racer at `lr`: its warm-up start and end lrs (absolute in a recipe, written
+    for the recipe's own optim.lr) scaled by lr / optim.lr, so every racer warms up from the same fraction of
+    its own lr (an absolute 0.005 would start AdamW at 1e-3 five times above its peak)."""
+    ratio = lr / cfg.optim.lr
+    s = dataclasses.replace(cfg.schedule, lr_init=cfg.schedule.lr_init * ratio, lr_end=cfg.schedule.lr_end * ratio)
+    return dataclasses.replace(cfg, schedule=s)
 
 
 def _eval_batches(cfg: Config, eval_ds: Dataset, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
