@@ -187,3 +187,22 @@ def test_every_racer_warms_up_from_the_same_fraction_of_its_own_lr():
         lrs = build_schedule(relative_schedule(cfg, lr), lr, 62)
         ref = build_schedule(cfg, cfg.optim.lr, 62) * (lr / cfg.optim.lr)
         assert lrs == pytest.approx(ref, rel=1e-12) and max(lrs) <= lr * (1 + 1e-12)
+
+
+def test_the_ratio_carries_a_bootstrap_interval_over_seeds():
+    """Racer a's seeds reach the target in 10/12/14 s, b's in 20 s each: the ratio of medians is 0.6, and every
+    resample's ratio lies in [10/20, 14/20]; one seed per side gives no interval."""
+    from torchboost.recipe.race_report import ratio_interval
+
+    def lanes(name, seconds):
+        return [Lane(name, 0.1, seed, None, None, None, seconds=s,
+                     history=[{"epoch": 1, "seconds": s, "val_top_1_accuracy": 0.99, "train_loss": 0.1}])
+                for seed, s in enumerate(seconds)]
+
+    rows = summarize(lanes("a", [10.0, 12.0, 14.0]) + lanes("b", [20.0, 20.0, 20.0]), [0.9])["targets"]["0.9"]
+    assert ratio_to_best_other(rows, "a") == pytest.approx(0.6)
+    low, high = ratio_interval(rows, "a")
+    assert 0.5 <= low <= 0.6 <= high <= 0.7 and low < high
+    assert ratio_interval(rows, "a") == (low, high)  # reproducible
+    one = summarize(lanes("a", [10.0]) + lanes("b", [20.0]), [0.9])["targets"]["0.9"]
+    assert ratio_interval(one, "a") is None

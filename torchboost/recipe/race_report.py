@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from torchboost.optim.registry import OPTIMIZERS
@@ -52,7 +53,8 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
                 hits = [_reach(l, t) for l in lanes if l.racer == name and l.lr == lr]
                 per_lr.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
                                "median_epochs": statistics.median(e for e, _ in hits),
-                               "median_seconds": statistics.median(s for _, s in hits)})
+                               "median_seconds": statistics.median(s for _, s in hits),
+                               "seconds": [s for _, s in hits]})  # per seed, for the ratio's interval
             best = min(per_lr, key=lambda r: (r["median_seconds"], r["median_epochs"]))
             rows[name] = {**best, "per_lr": per_lr}
         out["targets"][f"{t:g}"] = rows
@@ -67,16 +69,52 @@ def is_thor(name: str) -> bool:
     return base in OPTIMIZERS and race_policy(base).family == THOR_FAMILY
 
 
+def best_other(rows: dict, name: str) -> str | None:
+    """The fastest racer `name` is compared with (for a THOR racer: the fastest non-THOR one)."""
+    others = [n for n in rows if n != name and not (is_thor(name) and is_thor(n))]
+    return min(others, key=lambda n: rows[n]["median_seconds"]) if others else None
+
+
 def ratio_to_best_other(rows: dict, name: str) -> float:
     """name's median seconds / the fastest other racer's (for a THOR racer: the fastest non-THOR one);
     inf/nan when a side never got there."""
-    others = [r["median_seconds"] for n, r in rows.items() if n != name and not (is_thor(name) and is_thor(n))]
-    if not others:
+    other = best_other(rows, name)
+    if other is None:
         return math.nan
-    best_other, mine = min(others), rows[name]["median_seconds"]
-    if math.isinf(mine) and math.isinf(best_other):
+    mine, theirs = rows[name]["median_seconds"], rows[other]["median_seconds"]
+    if math.isinf(mine) and math.isinf(theirs):
         return math.nan
-    return mine / best_other
+    return mine / theirs
+
+
+def ratio_interval(rows: dict, name: str, rounds: int = 2000, level: float = 0.9) -> tuple[float, float] | None:
+    """A bootstrap interval (`level`, percentile method) of name's seconds-ratio to the best other racer: the
+    seeds of each side resampled with replacement, the ratio of the resampled medians. None with fewer than two
+    seeds on a side. A seed that never reached the target counts as infinitely slow, as in the medians."""
+    other = best_other(rows, name)
+    point = ratio_to_best_other(rows, name)
+    if other is None or not math.isfinite(point) or point == 0:  # never / only one: no ratio to bound
+        return None
+    mine, theirs = (np.asarray(rows[n].get("seconds", []), dtype=float) for n in (name, other))
+    if len(mine) < 2 or len(theirs) < 2:
+        return None
+    rng = np.random.default_rng(0)  # the interval of a race is reproducible
+    a = np.median(rng.choice(mine, (rounds, len(mine))), axis=1)
+    b = np.median(rng.choice(theirs, (rounds, len(theirs))), axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = a / b
+    ratios = ratios[~np.isnan(ratios)]  # both sides never: no ratio
+    if not len(ratios):
+        return None
+    tail = (1 - level) / 2 * 100  # "nearest": a resample with a seed that never got there is inf, not nan
+    return (float(np.percentile(ratios, tail, method="nearest")),
+            float(np.percentile(ratios, 100 - tail, method="nearest")))
+
+
+def fmt_interval(interval: tuple[float, float] | None) -> str:
+    if interval is None:
+        return ""
+    return " [" + ", ".join("inf" if math.isinf(v) else f"{v:.2f}" for v in interval) + "]"
 
 
 def fmt_ratio(r: float) -> str:
@@ -91,8 +129,9 @@ def fmt_ratio(r: float) -> str:
 def headline(summary: dict, name: str) -> str:
     """The one-line result: name's median seconds-to-target over the best other (non-THOR, for THOR
     racers) optimizer's, per target."""
-    parts = [f"{float(t):.1%} {fmt_ratio(ratio_to_best_other(rows, name))}" for t, rows in summary["targets"].items()]
-    return f"{name}/best-other seconds-to-target: " + ", ".join(parts)
+    parts = [f"{float(t):.1%} {fmt_ratio(ratio_to_best_other(rows, name))}{fmt_interval(ratio_interval(rows, name))}"
+             for t, rows in summary["targets"].items()]
+    return f"{name}/best-other seconds-to-target (90% bootstrap interval over seeds): " + ", ".join(parts)
 
 
 def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
@@ -101,10 +140,10 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
     gpu = "" if device == "cpu" else f"; device: {device}"
     lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",
              f"{'target':>7} {'optimizer':<12} {'best lr':>8} {'reached':>8} {'med epochs':>11} {'med s':>8} "
-             f"{'s/best other':>13} {f's/epoch vs {first}':>18}"]
+             f"{'s/best other [90%]':>26} {f's/epoch vs {first}':>18}"]
     for t, name, r, ratio, cost in table_rows(summary):
         lines.append(f"{t:>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
-                     f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>13} {cost:>17.2f}x")
+                     f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>26} {cost:>17.2f}x")
     return "\n".join(lines)
 
 
@@ -114,7 +153,8 @@ def table_rows(summary: dict) -> Iterator[tuple[float, str, dict, str, float]]:
     first = next(iter(per_epoch))
     for t, rows in summary["targets"].items():
         for name, r in rows.items():
-            yield float(t), name, r, fmt_ratio(ratio_to_best_other(rows, name)), per_epoch[name] / per_epoch[first]
+            ratio = fmt_ratio(ratio_to_best_other(rows, name)) + fmt_interval(ratio_interval(rows, name))
+            yield float(t), name, r, ratio, per_epoch[name] / per_epoch[first]
 
 
 def format_markdown(summary: dict) -> str:
