@@ -206,3 +206,21 @@ def test_the_ratio_carries_a_bootstrap_interval_over_seeds():
     assert ratio_interval(rows, "a") == (low, high)  # reproducible
     one = summarize(lanes("a", [10.0]) + lanes("b", [20.0]), [0.9])["targets"]["0.9"]
     assert ratio_interval(one, "a") is None
+
+
+def test_each_racer_is_reported_at_one_lr_across_targets():
+    """lr 0.1 reaches 90% first but never 98%; lr 0.05 reaches both: every target's row is lr 0.05's runs (one
+    run achieves every ratio reported), while per_lr keeps what each lr did."""
+
+    def lane(lr, seed, accs):
+        return Lane("sgd", lr, seed, None, None, None, seconds=float(len(accs)),
+                    history=[{"epoch": e + 1, "seconds": float(e + 1), "val_top_1_accuracy": a, "train_loss": 0.1}
+                             for e, a in enumerate(accs)])
+
+    lanes = [lane(0.1, s, [0.95, 0.96, 0.97]) for s in range(3)] + [lane(0.05, s, [0.5, 0.95, 0.985]) for s in range(3)]
+    summary = summarize(lanes, [0.9, 0.98])
+    assert summary["chosen_lr"]["sgd"] == 0.05
+    assert [summary["targets"][t]["sgd"]["lr"] for t in ("0.9", "0.98")] == [0.05, 0.05]
+    assert summary["targets"]["0.9"]["sgd"]["median_epochs"] == 2
+    fastest_low = min(summary["targets"]["0.9"]["sgd"]["per_lr"], key=lambda r: r["median_seconds"])
+    assert fastest_low["lr"] == 0.1  # still on record, not reported as the racer's figure

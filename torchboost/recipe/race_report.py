@@ -38,27 +38,43 @@ def _reach(lane: Lane, target: float) -> tuple[float, float]:
 
 
 def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
-    """{target: {racer: {lr, reached, seeds, median_epochs, median_seconds, per_lr: [...]}}} with each racer's
-    best lr (fewest median seconds, then epochs), plus each racer's median seconds per epoch."""
+    """{target: {racer: {lr, reached, seeds, median_epochs, median_seconds, seconds, per_lr: [...]}}} plus each
+    racer's median seconds per epoch. Each racer is reported at ONE lr across targets (`chosen_lr`), so its
+    row for every target is the same runs: the lr with the fewest median seconds (then epochs) to the highest
+    target it reaches on the median seed (the lowest target when it reaches none)."""
     racers = list(dict.fromkeys(l.racer for l in lanes))
-    out: dict = {"targets": {}, "seconds_per_epoch": {}}
+    out: dict = {"targets": {}, "seconds_per_epoch": {}, "chosen_lr": {}}
+    per_target: dict = {}
     for name in racers:
         mine = [l for l in lanes if l.racer == name]
         out["seconds_per_epoch"][name] = statistics.median(l.seconds / len(l.history) for l in mine if l.history)
+        per_target[name] = {t: _per_lr(lanes, name, t) for t in targets}
+        out["chosen_lr"][name] = _chosen_lr(per_target[name], targets)
     for t in targets:
-        rows = {}
-        for name in racers:
-            per_lr = []
-            for lr in dict.fromkeys(l.lr for l in lanes if l.racer == name):
-                hits = [_reach(l, t) for l in lanes if l.racer == name and l.lr == lr]
-                per_lr.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
-                               "median_epochs": statistics.median(e for e, _ in hits),
-                               "median_seconds": statistics.median(s for _, s in hits),
-                               "seconds": [s for _, s in hits]})  # per seed, for the ratio's interval
-            best = min(per_lr, key=lambda r: (r["median_seconds"], r["median_epochs"]))
-            rows[name] = {**best, "per_lr": per_lr}
-        out["targets"][f"{t:g}"] = rows
+        out["targets"][f"{t:g}"] = {
+            name: {**next(r for r in per_target[name][t] if r["lr"] == out["chosen_lr"][name]),
+                   "per_lr": per_target[name][t]} for name in racers}
     return out
+
+
+def _per_lr(lanes: Sequence[Lane], name: str, target: float) -> list[dict]:
+    rows = []
+    for lr in dict.fromkeys(l.lr for l in lanes if l.racer == name):
+        hits = [_reach(l, target) for l in lanes if l.racer == name and l.lr == lr]
+        rows.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
+                     "median_epochs": statistics.median(e for e, _ in hits),
+                     "median_seconds": statistics.median(s for _, s in hits),
+                     "seconds": [s for _, s in hits]})  # per seed, for the ratio's interval
+    return rows
+
+
+def _chosen_lr(per_target: dict, targets: Sequence[float]) -> float:
+    """The lr of the fewest median seconds (then epochs) at the highest target reached on the median seed."""
+    for t in sorted(targets, reverse=True):
+        reached = [r for r in per_target[t] if math.isfinite(r["median_seconds"])]
+        if reached:
+            return min(reached, key=lambda r: (r["median_seconds"], r["median_epochs"]))["lr"]
+    return min(per_target[min(targets)], key=lambda r: (r["median_seconds"], r["median_epochs"]))["lr"]
 
 
 def is_thor(name: str) -> bool:
