@@ -37,9 +37,12 @@ def test_race_cli_end_to_end(tmp_path, capsys):
     want = {("sgd", 0.05), ("sgd", 0.1), ("adamw", 0.003), ("muon", 0.02), ("thor", 0.05)}
     assert set(runs) == {(o, lr, s) for o, lr in want for s in (0, 1)}
     for r in runs.values():
-        assert [h["epoch"] for h in r["history"]] == [1, 2]  # 0.999 is out of reach: the epoch budget stops it
+        # 4 untimed evaluations per epoch (5 updates: after updates 1, 2, 4 and 5); 0.999 is out of reach, so the
+        # epoch budget stops it
+        assert [h["epoch"] for h in r["history"]] == pytest.approx([0.2, 0.4, 0.8, 1, 1.2, 1.4, 1.8, 2])
         assert r["stopped"] == "epoch budget"
-        assert 0 < r["history"][0]["seconds"] < r["history"][1]["seconds"]
+        seconds = [h["seconds"] for h in r["history"]]
+        assert 0 < seconds[0] and seconds == sorted(seconds)
     # interleaved: every run's epoch 1 comes before any run's epoch 2
     first = [h["order"] for r in runs.values() for h in r["history"] if h["epoch"] == 1]
     second = [h["order"] for r in runs.values() for h in r["history"] if h["epoch"] == 2]
@@ -125,7 +128,7 @@ def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
     out = tmp_path / "race"
     rc = main(["race", "--config", "digits-lenet", "--set", "data.batch_size=256", "--optimizers", "sgd", "thor",
                "--lr", "sgd=0.05", "--lr", "thor=0.05", "--budget", "thor=1,2", "--seeds", "1", "--epochs", "3",
-               "--targets", "0.999", "--output", str(out)])
+               "--targets", "0.999", "--evals-per-epoch", "1", "--output", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     assert "thor@1/best-other seconds-to-target" in text and "thor@2/best-other" in text
@@ -164,7 +167,9 @@ def test_race_trace_records_each_layers_last_update_and_plots_it(tmp_path, capsy
     for run in data["runs"]:
         cfg = load_config("digits-lenet", ["train.epochs=2"])
         schedule = build_schedule(cfg, run["lr"], updates)
-        for row in run["history"]:
+        rows = [row for row in run["history"] if "layers" in row]  # the epochs' ends, not the evaluations inside
+        assert [row["epoch"] for row in rows] == [1, 2]
+        for row in rows:
             assert row["lr"] == pytest.approx(schedule[row["epoch"] * updates - 1], rel=1e-9)
             layers = row["layers"]
             assert set(layers) == {n for n, m in create_model("mnist_cnn", num_classes=10, in_chans=1,

@@ -309,6 +309,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
               for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     targets = tuple(args.targets)
     meta = {"recipe": args.config, "overrides": overrides, "targets": targets, "seeds": args.seeds,
+            "first_seed": args.first_seed, "evals_per_epoch": args.evals_per_epoch,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size}
     out = Path(args.output or f"runs/race-{cfg.name}")
@@ -317,9 +318,10 @@ def _cmd_race(args: argparse.Namespace) -> int:
     def save(lanes: list) -> tuple[Path, Path]:
         return write_results(lanes, summarize(lanes, targets), meta, out)
 
-    lanes = run_race(cfg, train_ds, eval_ds, racers, range(args.seeds), targets, epochs=args.epochs,
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, targets, epochs=args.epochs,
                      time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save,
-                     trace=args.trace)
+                     trace=args.trace, evals_per_epoch=args.evals_per_epoch)
     summary = summarize(lanes, targets)
     print(format_report(summary, args.threads, device_name(lanes[0].device)))
     for racer in racers:
@@ -659,13 +661,18 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
-    rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds 0..N-1 (same init and batch order)")
+    rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds FIRST..FIRST+N-1 (each racer the "
+                                                                        "same inits and batch orders)")
+    rc.add_argument("--first-seed", type=int_between(0, 2**31 - 1), default=0,
+                    help="the first seed (fresh seeds confirm what a race on others selected)")
     rc.add_argument("--epochs", type=int_between(1, 100_000), help="epoch budget and schedule length (default train.epochs)")
     rc.add_argument("--budget", action="append", metavar="NAME=EPOCHS,EPOCHS",
                     help="one optimizer's own epoch budgets, each raced as NAME@EPOCHS with its schedule over "
                          "them, e.g. thor=6,8 (repeatable; default --epochs)")
     rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
+    rc.add_argument("--evals-per-epoch", type=int_between(1, 100), default=4,
+                    help="evaluations (untimed) per epoch: time to a target is read to this fraction of an epoch")
     rc.add_argument("--trace", action="store_true", help="also record each layer's |dW|/|W|, |W|, the lr and THOR's "
                                                         "effective damping every epoch (race.json, race-trace.png)")
     rc.add_argument("--lr-find", action="store_true", help="centre each optimizer's lr grid (unless --lr gives "

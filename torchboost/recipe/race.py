@@ -169,10 +169,14 @@ class Lane:
     trace: bool = False  # race --trace: each epoch's row gets the layers' last update (race_trace)
     before: dict | None = field(default=None, repr=False)  # with trace: the weights before that update
 
-    def train_epoch(self, epoch: int) -> float:
+    def train_epoch(self, epoch: int, checkpoints: int = 1,
+                    at_checkpoint: Callable[[float, float], None] | None = None) -> float:
+        """Train one epoch; `checkpoints` evenly spaced points in it (the last at its end, which is the caller's)
+        each stop the clock and call `at_checkpoint(epochs so far, the last loss)` (an evaluation, untimed)."""
         set_epoch(self.loader, epoch)
         # Fetched and on the device before the clock starts: identical for every optimizer.
         batches = [(x.to(self.device), y.to(self.device)) for x, y in self.loader]
+        inside = {round(len(batches) * (k + 1) / checkpoints) - 1 for k in range(checkpoints - 1)}
         self.model.train()
         loss = torch.zeros(())
         sync(self.device)
@@ -187,6 +191,12 @@ class Lane:
                     start = time.perf_counter()
                 loss = self.step(x, y, self.updates)
                 self.updates += 1
+                if at_checkpoint is not None and i in inside:
+                    sync(self.device)
+                    self.seconds += time.perf_counter() - start
+                    at_checkpoint(epoch + (i + 1) / len(batches), float(loss))
+                    self.model.train()
+                    start = time.perf_counter()
         except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
             loss = torch.tensor(float("nan"))
             self.before = None
@@ -240,17 +250,21 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
              targets: tuple[float, ...],
              epochs: int | None = None, time_budget_s: float | None = None, stop_at_targets: bool = True,
              log: Callable[[str], None] = print,
-             on_round: Callable[[list[Lane]], None] | None = None, trace: bool = False) -> list[Lane]:
+             on_round: Callable[[list[Lane]], None] | None = None, trace: bool = False,
+             evals_per_epoch: int = 1) -> list[Lane]:
     """Race every (racer, lr, seed) on a resolved config and its data sets (`recipe.load_resolved`),
     interleaved epoch by epoch; `on_round(lanes)` after each round of
     epochs. Returns the finished lanes (history per
     epoch: epoch, seconds (cumulative training time), val_top_1_accuracy, train_loss, order (position in
-    the interleaved sequence of all runs' epochs); with `trace`, also the lr and each layer's last update of
-    the epoch (race_trace.layer_trace)."""
+    the interleaved sequence of all runs' epochs); `evals_per_epoch` > 1 adds rows inside each epoch (its
+    epoch a fraction), so a target's time is read finer than whole epochs; with `trace`, also the lr and each
+    layer's last update of the epoch (race_trace.layer_trace)."""
     if not racers or not targets:
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
     if not all(0 < t <= 1 for t in targets):
         raise ConfigError(f"targets {list(targets)} are not all accuracies in (0, 1]", "e.g. --targets 0.975 0.98")
+    if evals_per_epoch < 1:
+        raise ConfigError(f"{evals_per_epoch} evaluations per epoch", "evaluate at least once an epoch")
     if any(r.epochs is not None and r.epochs < 1 for r in racers):
         raise ConfigError("an epoch budget below 1", "give each racer a budget of at least one epoch")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=epochs or cfg.train.epochs))
@@ -267,10 +281,12 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
             break
         shift = epoch % len(alive)  # rotate who goes first, so no racer always follows an evaluation
         for lane in alive[shift:] + alive[:shift]:
-            loss = lane.train_epoch(epoch)
-            acc = lane.evaluate(evaluation)
-            lane.history.append({"epoch": epoch + 1, "seconds": lane.seconds, "val_top_1_accuracy": acc,
-                                 "train_loss": loss, "order": order})
+            def record(epochs: float, loss: float, lane: Lane = lane) -> None:  # untimed: the clock is stopped
+                lane.history.append({"epoch": epochs, "seconds": lane.seconds, "val_top_1_accuracy":
+                                     lane.evaluate(evaluation), "train_loss": loss, "order": order})
+
+            loss = lane.train_epoch(epoch, evals_per_epoch, record)
+            record(epoch + 1, loss)
             if lane.before is not None:
                 lane.history[-1].update(layer_trace(lane.model, lane.before, lane.optimizer))
             order += 1
