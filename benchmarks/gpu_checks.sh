@@ -2,7 +2,7 @@
 # The GPU checks, as one script for a lent GPU machine, each stage time-boxed so one failure or a slow stage
 # cannot cost the others. Results land in $OUT (or ./runs/gpu when OUT is unset).
 #
-#   bash benchmarks/gpu_checks.sh [STAGE...]     (default: smoke factors cost race; RACE_S=200 bounds the race)
+#   bash benchmarks/gpu_checks.sh [STAGE...]     (default: syncs graphs smoke factors cost race; RACE_S=200 bounds the race)
 #
 #   smoke    one epoch of every racer on CUDA (the race's code path works there)
 #   factors  THOR's factor products on the tensor cores: error against float64 and time against plain fp32
@@ -19,7 +19,7 @@
 set -u
 OUT=${OUT:-runs/gpu}
 RACE_S=${RACE_S:-200}
-STAGES=${*:-smoke factors cost race}
+STAGES=${*:-syncs graphs smoke factors cost race}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -255,3 +255,14 @@ def test_fine_tuning_a_mindspore_resnet_checkpoint_onto_a_folder(tmp_path, capsy
     assert first["fc.weight"].shape == (3, 512)
     saved = yaml.safe_load((tmp_path / "ft" / "config.yaml").read_text())
     assert saved["optim"]["head_lr_mult"] == 10 and saved["model"]["small_input"] is False
+
+
+@pytest.mark.parametrize("old, want", [(True, "default"), (False, "none")])
+def test_the_earlier_model_compile_key_reads_as_train_compile(old, want):
+    from torchboost.recipe.config import build_config, dump_config
+
+    cfg = build_config({"model": {"compile": old}})
+    assert cfg.train.compile == want and "compile: " + want in dump_config(cfg)
+    assert build_config({"model": {"compile": True}, "train": {"compile": "max-autotune"}}).train.compile == \
+        "max-autotune"  # the new key, when given, wins
+
