@@ -159,7 +159,7 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
              f"{'s/best other [90%]':>26} {f's/epoch vs {first}':>18}"]
     for t, name, r, ratio, cost in table_rows(summary):
         lines.append(f"{t:>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
-                     f"{r['median_epochs']:>11g} {r['median_seconds']:>8.1f} {ratio:>26} {cost:>17.2f}x")
+                     f"{r['median_epochs']:>11.3g} {r['median_seconds']:>8.1f} {ratio:>26} {cost:>17.2f}x")
     return "\n".join(lines)
 
 
@@ -180,7 +180,7 @@ def format_markdown(summary: dict) -> str:
             f"s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t, name, r, ratio, cost in table_rows(summary):
         rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
-                    f"{r['median_epochs']:g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
+                    f"{r['median_epochs']:.3g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
     return "\n".join(rows)
 
 
