@@ -304,7 +304,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
     print("\n".join(lines))  # what is raced, before the first of many runs
     if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
-        grids.update(_lr_find_grids(cfg, train_ds, [n for n in args.optimizers if n not in grids]))
+        from .recipe.lr_find import lr_find_grids
+
+        grids.update(lr_find_grids(cfg, train_ds, [n for n in args.optimizers if n not in grids]))
     racers = [r for name in args.optimizers
               for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     targets = tuple(args.targets)
@@ -336,20 +338,6 @@ def _cmd_race(args: argparse.Namespace) -> int:
         with confine_writes(out):
             print(f"trace: {trace_figure_path(lanes, summary, out / 'race-trace.png')}")
     return 0
-
-
-def _lr_find_grids(cfg, train_ds, names: list[str]) -> dict[str, tuple[float, ...]]:
-    from .recipe.lr_find import centred_grid, lr_find
-    from .recipe.optimizers import race_policy
-
-    grids = {}
-    for name, result in lr_find(cfg, train_ds, names).items():
-        if result.suggestion is None:
-            print(f"lr-find: {name}'s loss never fell in the sweep; racing its default grid")
-            continue
-        grids[name] = centred_grid(race_policy(name).lr_grid, result.suggestion)
-        print(f"lr-find: {name} suggests lr {result.suggestion:.3g}; racing {','.join(f'{g:g}' for g in grids[name])}")
-    return grids
 
 
 def _cmd_lr_find(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from torch.utils.data import Dataset
 
@@ -15,6 +15,7 @@ from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
 from torchboost.recipe.build import build_loss, build_model, optimizer_from_config
 from torchboost.recipe.config import Config
+from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race import racer_config
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device
@@ -49,6 +50,20 @@ def centred_grid(grid: Iterable[float], suggestion: float) -> tuple[float, ...]:
     grid = tuple(grid)
     centre = math.exp(sum(math.log(g) for g in grid) / len(grid))
     return tuple(dict.fromkeys(float(f"{g * suggestion / centre:.2g}") for g in grid))
+
+
+def lr_find_grids(cfg: Config, train_ds: Dataset, names: Iterable[str],
+                  log: Callable[[str], None] = print) -> dict[str, tuple[float, ...]]:
+    """`race --lr-find`: each optimizer's race lr grid centred on its lr-find suggestion (none: left out, so
+    the race uses its default grid)."""
+    grids = {}
+    for name, result in lr_find(cfg, train_ds, names).items():
+        if result.suggestion is None:
+            log(f"lr-find: {name}'s loss never fell in the sweep; racing its default grid")
+            continue
+        grids[name] = centred_grid(race_policy(name).lr_grid, result.suggestion)
+        log(f"lr-find: {name} suggests lr {result.suggestion:.3g}; racing {','.join(f'{g:g}' for g in grids[name])}")
+    return grids
 
 
 def format_results(results: dict[str, LrFindResult]) -> str:
