@@ -30,7 +30,8 @@ from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.optimizers import race_policy, thor_per_update
 from torchboost.recipe.race import Racer, budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
-from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, load_lanes, plot,
+from torchboost.recipe.race_select import pooled_lanes
+from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, plot,
                                            summarize, write_results)
 from torchboost.train.device import device_name
 
@@ -123,7 +124,7 @@ def main() -> None:
     if args.targets:
         task["targets"] = tuple(args.targets)
     if args.report:
-        lanes = [lane for path in args.report for lane in load_lanes(path)]
+        lanes = pooled_lanes(args.report)  # same racers in every file, repeated runs once
         if args.plot:
             print(f"plot: {plot(lanes, summarize(lanes, task['targets']), args.plot)}")
         return report(lanes, task["targets"], json.loads(args.report[0].read_text())["settings"])

@@ -11,7 +11,8 @@ from torchboost.errors import ConfigError
 
 from torchboost.cli import main
 from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import load_lanes, median_curve, ratio_to_best_other, plot, summarize
+from torchboost.recipe.race_report import median_curve, ratio_to_best_other, plot, summarize
+from torchboost.recipe.race_select import pooled_lanes
 
 
 def test_race_on_a_device_that_is_not_there_is_one_line(tmp_path, capsys):
@@ -50,7 +51,7 @@ def test_race_cli_end_to_end(tmp_path, capsys):
     assert set(data["summary"]["targets"]["0.3"]) == {"sgd", "adamw", "muon", "thor"}
     assert data["settings"]["threads"] == 1 and data["settings"]["cpu_flags"]
     assert data["settings"]["device"] == "cpu"  # train.device auto, no GPU here: named in the results
-    assert summarize(load_lanes(out / "race.json"), (0.3, 0.999)) == data["summary"]  # re-reporting a saved race
+    assert summarize(pooled_lanes([out / "race.json"]), (0.3, 0.999)) == data["summary"]  # re-reporting a saved race
 
 
 def lane(racer, lr, seed, accs, secs):

@@ -279,48 +279,75 @@ def _cmd_debug_layers(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_RACE_TARGETS = (0.975, 0.98)
+
+
 def _cmd_race(args: argparse.Namespace) -> int:
     import torch
 
     from .errors import ConfigError, suggest
     from .recipe import load_resolved
     from .recipe.load import recipe_with_data
+    from .recipe.optimizers import default_racers
     from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, race_setup, run_race
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
+    from .recipe.race_select import check_fresh_seeds, check_same_task, pooled_lanes, read_race, selections
     from .train.device import device_name
 
+    if args.report:
+        return _race_report(args)
     torch.set_num_threads(args.threads)  # fixed and reported: timings depend on it
+    if args.frozen and (args.optimizers or args.lr or args.budget or args.lr_find or args.holdout):
+        raise ConfigError("--frozen races the optimizers, lrs and budgets its selection chose, on the test split",
+                          "drop --optimizers, --lr, --budget, --lr-find and --holdout (or select again)")
+    optimizers = args.optimizers or default_racers()
     grids, budgets = parse_lr_grids(args.lr or []), parse_budgets(args.budget or [])
     for flag, named in (("--lr", grids), ("--budget", budgets)):
-        unused = [name for name in named if name not in args.optimizers]
+        unused = [name for name in named if name not in optimizers]
         if unused:
             raise ConfigError(f"{flag} names {unused[0]}, which is not among --optimizers "
-                              f"{' '.join(args.optimizers)}", suggest(unused[0], args.optimizers))
+                              f"{' '.join(optimizers)}", suggest(unused[0], optimizers))
     batch = [] if args.batch_size is None else [f"data.batch_size={args.batch_size}"]
     built, overrides, note = recipe_with_data(args.config, [*(args.set or []), *batch], args.data)  # as `train` reads --data
     if note:
         print(note)
-    cfg, train_ds, eval_ds = load_resolved(built=built)  # the recipe read once
+    targets = tuple(args.targets or DEFAULT_RACE_TARGETS)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    chosen = None
+    if args.frozen:  # before any data is read: a wrong selection file is a one-line error at once
+        selection = read_race(Path(args.frozen))
+        check_same_task(selection, args.frozen, args.config, overrides, targets)
+        check_fresh_seeds(selection, args.frozen, seeds)
+        chosen = selections(selection, args.frozen)
+    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=args.holdout)  # the recipe read once
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
+    if args.holdout:
+        lines.append(f"selecting on {args.holdout} training samples held out (the test split is not read); confirm "
+                     "with --frozen OUTPUT/race.json on fresh seeds")
     print("\n".join(lines))  # what is raced, before the first of many runs
-    if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
-        from .recipe.lr_find import lr_find_grids
+    if chosen is not None:
+        # each at the budget its selection chose (a racer selected without one: --epochs, as in the selection)
+        racers = [budget_racers(builtin_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
+                  for s in chosen]
+        print("frozen: " + ", ".join(f"{r.name} lr {r.lrs[0]:g}" for r in racers))
+    else:
+        if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
+            from .recipe.lr_find import lr_find_grids
 
-        grids.update(lr_find_grids(cfg, train_ds, [n for n in args.optimizers if n not in grids]))
-    racers = [r for name in args.optimizers
-              for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
-    targets = tuple(args.targets)
+            grids.update(lr_find_grids(cfg, train_ds, [n for n in optimizers if n not in grids]))
+        racers = [r for name in optimizers
+                  for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
     meta = {"recipe": args.config, "overrides": overrides, "targets": targets, "seeds": args.seeds,
             "first_seed": args.first_seed, "evals_per_epoch": args.evals_per_epoch,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
-            "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size}
+            "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
+            "holdout": args.holdout, "frozen": args.frozen, "full_budget": args.full_budget}
     out = Path(args.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
 
     def save(lanes: list) -> tuple[Path, Path]:
         return write_results(lanes, summarize(lanes, targets), meta, out)
 
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
     lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, targets, epochs=args.epochs,
                      time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save,
                      trace=args.trace, evals_per_epoch=args.evals_per_epoch)
@@ -337,6 +364,30 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
         with confine_writes(out):
             print(f"trace: {trace_figure_path(lanes, summary, out / 'race-trace.png')}")
+    return 0
+
+
+
+def _race_report(args: argparse.Namespace) -> int:
+    """`race --report FILE...`: the table of saved races, pooled (`recipe.race_select.pooled_lanes`), without
+    training; with --output also the pooled race.json and race.png."""
+    from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
+    from .recipe.race_select import pooled_lanes, read_race
+
+    lanes = pooled_lanes([Path(p) for p in args.report])
+    settings = read_race(Path(args.report[0]))["settings"]
+    targets = tuple(args.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
+    summary = summarize(lanes, targets)
+    print(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
+    names = list(dict.fromkeys(l.racer for l in lanes))
+    for name in names:
+        if is_thor(name) and len(names) > 1:
+            print(headline(summary, name))
+    if args.output:
+        out = Path(args.output)
+        check_output_folder(out)
+        json_path, png = write_results(lanes, summary, {**settings, "pooled": list(args.report)}, out)
+        print(f"results: {json_path}; plot: {png}")
     return 0
 
 
@@ -644,11 +695,12 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--batch-size", "-b", type=positive_int, help="shortcut for --set data.batch_size=N (aim at 10 or "
                                                                    "more updates per epoch)")
     racers = default_racers()
-    rc.add_argument("--optimizers", nargs="+", default=racers, metavar="NAME", choices=list(OPTIMIZERS),
+    rc.add_argument("--optimizers", nargs="+", metavar="NAME", choices=list(OPTIMIZERS),
                     help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
-    rc.add_argument("--targets", nargs="+", type=float, default=[0.975, 0.98], help="validation top-1 targets")
+    rc.add_argument("--targets", nargs="+", type=float, help="validation top-1 targets (default 0.975 0.98; with "
+                                                              "--report: the saved race's)")
     rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds FIRST..FIRST+N-1 (each racer the "
                                                                         "same inits and batch orders)")
     rc.add_argument("--first-seed", type=int_between(0, 2**31 - 1), default=0,
@@ -667,6 +719,15 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
                                                           "it) on its lr-find suggestion (torchboost lr-find)")
     rc.add_argument("--threads", type=int_between(1, 1024), default=1, help="torch threads (fixed for fair timing)")
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
+    rc.add_argument("--holdout", type=int_between(1, 10**9), default=0, metavar="N",
+                    help="select on N training samples held out as a validation split (stratified, not augmented; "
+                         "the test split is not read), then confirm with --frozen")
+    rc.add_argument("--frozen", metavar="RACE_JSON",
+                    help="race each optimizer at the lr and budget a --holdout race chose (its race.json), on the test "
+                         "split and fresh seeds (--first-seed past the selection's)")
+    rc.add_argument("--report", nargs="+", metavar="RACE_JSON",
+                    help="only report saved races, pooled (each must have raced the same racers; a repeated run "
+                         "counts once); with --output also their pooled race.json and race.png")
 
 
 def _bench_arguments(b: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
                              TensorImageDataset, eval_transform, train_transform)
 from torchboost.data.folder import find_classes, sample_folder
+from torchboost.data.holdout import holdout_split
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
@@ -147,15 +148,17 @@ def small_stem(model_name: str, image_size: int | None) -> bool:
 
 
 def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, model_name: str = "",
-                  exact: bool = False) -> Dataset:
+                  exact: bool = False, augment: bool | None = None) -> Dataset:
     """The `split` ("train" or "test"; "valid" for paddle_json) of the data set `cfg` describes. For a folder or
     shards, "test" (or "val") is the run's evaluation split: val, else test; with `exact`, the split of that
     name (what `eval --split` reads). `num_classes` only sets the label range of a kind without its own
-    labels (synthetic)."""
+    labels (synthetic). `augment`: the training augmentation (default: for the train split only; False reads
+    the train split as evaluation reads, for a validation split carved from it)."""
     uint8 = cfg.normalize_on_device
     kind = get_kind(cfg.dataset)
+    augment = split == "train" if augment is None else augment
     if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
-        transform = folder_train_transform(cfg, model_name) if split == "train" else eval_preprocess(cfg)
+        transform = folder_train_transform(cfg, model_name) if augment else eval_preprocess(cfg)
         if kind.open_split is not None:
             return kind.open_split(cfg, _kind_split(cfg, split, exact), transform)
         return ImageFolder(_split_dir(Path(cfg.path), split, exact), transform, cfg.skip_corrupt,
@@ -167,7 +170,7 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     ds = kind.load(cfg, split, num_classes)
     _check_tensor_set(cfg, ds)
     ds.uint8 = uint8
-    ds.shift = cfg.random_shift if split == "train" else 0
+    ds.shift = cfg.random_shift if augment else 0
     return ds
 
 
@@ -218,16 +221,21 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     return d
 
 
-def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConfig, Dataset, Dataset]:
+def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0
+              ) -> tuple[DataConfig, Dataset, Dataset]:
     """(data config with every inferred key filled in, training set, evaluation set) of a run.
 
     Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
     keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
     and an in-memory set's size, channels and statistics. The evaluation split must have the training
     split's classes. With data.mixup_alpha or cutmix_alpha the training set comes out in mixed batches
-    (`mixed`)."""
+    (`mixed`). `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented),
+    and training uses the rest — a validation split, so a selection never sees the test split."""
     d = infer_data(cfg, log)
     kind = get_kind(d.dataset)
+    if holdout and kind.streamed:
+        raise ConfigError(f"a validation split cannot be carved from streamed {d.dataset} data",
+                          "select on a folder or an in-memory set, or export a validation split as shards")
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
     eval_ds = build_dataset(d, "test", cfg.model.num_classes)
     if kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):
@@ -241,6 +249,9 @@ def load_data(cfg: Config, log: Callable[[str], None] = print) -> tuple[DataConf
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])
+    if holdout:  # after the statistics (in `d`): the whole training split's, as without a holdout
+        plain = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name, augment=False)
+        train_ds, eval_ds = holdout_split(train_ds, plain, holdout)
     train_ds = mixed(cfg, d, train_ds)
     if d.random_shift and d.image_size and 2 * d.random_shift >= d.image_size:
         raise ConfigError(f"data.random_shift={d.random_shift} is at least half the {d.image_size}-px images: the "

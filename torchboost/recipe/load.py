@@ -42,10 +42,11 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     return cfg, overrides + extra, note
 
 
-def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None
-                  ) -> tuple[Config, Dataset, Dataset]:
+def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None,
+                  holdout: int = 0) -> tuple[Config, Dataset, Dataset]:
     """(resolved config, training set, evaluation set): what a run would build, without boost. `built`: the
-    recipe + overrides already built (`recipe_with_data`), validated here instead of read again."""
+    recipe + overrides already built (`recipe_with_data`), validated here instead of read again. `holdout` > 0:
+    the evaluation set is that many samples held out of the training split (`recipe.data.load_data`)."""
     cfg = load_config(recipe, overrides) if built is None else validated(built)
-    data, train_ds, eval_ds = load_data(cfg)
+    data, train_ds, eval_ds = load_data(cfg, holdout=holdout)
     return resolve_config(cfg, data, train_ds, None), train_ds, eval_ds

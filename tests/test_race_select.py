@@ -1,0 +1,186 @@
+"""Select on a validation split, confirm frozen on fresh seeds, pool only like with like (recipe.race_select),
+and the validation split itself (data.holdout): disjoint, stratified, unaugmented, augmentation streams kept."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from torchboost.cli import main
+from torchboost.data import build_loader
+from torchboost.data.holdout import IndexSubset, holdout_split
+from torchboost.data.sampling import SampleIndex
+from torchboost.data.tensors import TensorImageDataset
+from torchboost.errors import ConfigError
+from torchboost.recipe import load_resolved
+from torchboost.recipe.race import Lane
+from torchboost.recipe.race_report import summarize
+from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, pooled_lanes, read_race,
+                                           selections)
+
+
+def tensor_set(n=60, shift=0):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n, 1, 8, 8), dtype=torch.uint8, generator=g)
+    labels = torch.arange(n) % 3
+    return TensorImageDataset(images, labels, ["a", "b", "c"], (0.5,), (0.25,), shift=shift)
+
+
+def test_holdout_is_disjoint_stratified_and_complete():
+    train, held = holdout_split(tensor_set(), tensor_set(), 15)
+    assert len(train) == 45 and len(held) == 15
+    assert set(train.indices) | set(held.indices) == set(range(60)) and not set(train.indices) & set(held.indices)
+    assert np.bincount(tensor_set().labels.numpy()[held.indices]).tolist() == [5, 5, 5]  # 5 of each class
+    again, _ = holdout_split(tensor_set(), tensor_set(), 15)
+    assert (again.indices == train.indices).all()  # the split depends on its own seed only
+
+
+def test_a_subset_keeps_each_samples_augmentation_stream():
+    """A shifted image drawn through the subset is the one the whole set draws for the mapped SampleIndex."""
+    full = tensor_set(shift=2)
+    sub = IndexSubset(full, [7, 3, 50])
+    i = SampleIndex(2, seed=5, epoch=3)
+    x, y = sub[i]
+    want_x, want_y = full[SampleIndex(50, seed=5, epoch=3)]
+    assert torch.equal(x, want_x) and y == want_y
+    batch_x, batch_y = sub.__getitems__([SampleIndex(k, 5, 3) for k in range(3)])
+    assert torch.equal(batch_x[2], want_x) and batch_y.tolist() == [full.labels[j].item() for j in (7, 3, 50)]
+    # the shift is really drawn from the stream: another epoch moves the image
+    assert not torch.equal(sub[SampleIndex(2, seed=5, epoch=4)][0], x)
+
+
+def test_load_resolved_holds_out_unaugmented_training_images():
+    cfg, train, held = load_resolved("mnist-lenet", holdout=500)
+    assert len(train) == 3500 and len(held) == 500 and cfg.data.random_shift == 2
+    plain_cfg, whole, _ = load_resolved("mnist-lenet")
+    assert whole.shift == 2 and held.dataset.shift == 0 and train.dataset.shift == 2
+    # the held-out images are the training split's own, unshifted, normalised as the evaluation split is
+    assert torch.equal(held.dataset.images, whole.images)
+    x, _ = next(iter(build_loader(held, 100, False)))
+    rows = held.indices[:100].tolist()
+    want = (whole.images[rows].float() / 255 - whole.mean[0]) / whole.std[0]
+    assert torch.allclose(x, want, atol=1e-5)
+
+def race_json(path, holdout=500, chosen=None, targets=(0.9, 0.95), rows=None, first_seed=0, seeds=2, runs=()):
+    chosen = chosen or {"sgd": 0.1}
+    rows = rows or {name: {"median_seconds": 1.0, "median_epochs": 1.0} for name in chosen}
+    data = {"settings": {"recipe": "r", "overrides": [], "targets": list(targets), "holdout": holdout,
+                         "first_seed": first_seed, "seeds": seeds, "epochs": 2},
+            "summary": {"chosen_lr": chosen, "targets": {f"{t:g}": rows for t in targets}},
+            "runs": list(runs)}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_selection_takes_each_optimizers_best_budget_and_lr(tmp_path):
+    inf = float("inf")
+    rows = {"sgd@8": {"median_seconds": 50.0, "median_epochs": 5}, "sgd@10": {"median_seconds": 40.0, "median_epochs": 4},
+            "muon": {"median_seconds": 30.0, "median_epochs": 3}}
+    high = dict(rows, **{"sgd@10": {"median_seconds": inf, "median_epochs": inf}})  # only @8 reaches the high one
+    data = race_json(tmp_path / "r.json", chosen={"sgd@8": 0.05, "sgd@10": 0.1, "muon": 0.02})
+    raw = read_race(data)
+    raw["summary"]["targets"] = {"0.9": rows, "0.95": high}
+    picks = {s.optimizer: s for s in selections(raw, "r.json")}
+    assert (picks["sgd"].lr, picks["sgd"].epochs, picks["sgd"].racer) == (0.05, 8, "sgd@8")
+    assert (picks["muon"].lr, picks["muon"].epochs) == (0.02, None)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(holdout=0), "raced on the test split"),
+    (dict(chosen={"sgd; rm -rf /": 0.1}), "not a registered optimizer"),
+    (dict(chosen={"sgd@0": 0.1}), "not a registered optimizer"),
+    (dict(chosen={"sgd": float("nan")}), "gives racer 'sgd' the lr"),
+    (dict(chosen={"sgd": True}), "gives racer 'sgd' the lr"),
+    (dict(chosen={"sgd": -1}), "gives racer 'sgd' the lr"),
+])
+def test_a_selection_file_that_cannot_be_trusted_is_one_line(tmp_path, change, message):
+    path = race_json(tmp_path / "r.json", **change)
+    with pytest.raises(ConfigError, match=message):
+        selections(read_race(path), str(path))
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b"[1, 2]", b'{"settings": {}}', b"\xff\xfe"])
+def test_a_file_that_is_not_a_race_is_one_line(tmp_path, content):
+    path = tmp_path / "r.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match="not a race result"):
+        read_race(path)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "race.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="FIFO|not a regular"):
+        read_race(fifo)
+
+
+def test_confirmation_must_use_fresh_seeds_and_the_same_task(tmp_path):
+    data = read_race(race_json(tmp_path / "r.json", first_seed=0, seeds=3))
+    with pytest.raises(ConfigError, match="--first-seed 3"):
+        check_fresh_seeds(data, "r.json", range(2, 7))
+    check_fresh_seeds(data, "r.json", range(3, 8))
+    check_same_task(data, "r.json", "r", [], (0.9, 0.95))
+    for recipe, overrides, targets, what in (("other", [], (0.9, 0.95), "recipe"), ("r", ["a=1"], (0.9, 0.95), "overrides"),
+                                             ("r", [], (0.9,), "targets")):
+        with pytest.raises(ConfigError, match=f"selected on {what}"):
+            check_same_task(data, "r.json", recipe, overrides, targets)
+
+
+def run(name, lr, seed, accs):
+    return {"optimizer": name, "lr": lr, "seed": seed, "stopped": "epoch budget",
+            "history": [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]}
+
+
+def test_pooling_needs_every_racer_in_every_file_and_counts_a_run_once(tmp_path):
+    a = race_json(tmp_path / "a.json", runs=[run("sgd", 0.1, 0, [0.5, 0.9]), run("muon", 0.02, 0, [0.6, 0.95])])
+    b = race_json(tmp_path / "b.json", runs=[run("sgd", 0.1, 1, [0.4, 0.8]), run("muon", 0.02, 1, [0.7, 0.96]),
+                                             run("sgd", 0.1, 0, [0.1, 0.1])])  # seed 0 again: counted once
+    lanes = pooled_lanes([a, b])
+    assert sorted((l.racer, l.seed) for l in lanes) == [("muon", 0), ("muon", 1), ("sgd", 0), ("sgd", 1)]
+    assert next(l for l in lanes if (l.racer, l.seed) == ("sgd", 0)).history[-1]["val_top_1_accuracy"] == 0.9
+    alone = race_json(tmp_path / "c.json", runs=[run("muon", 0.02, 2, [0.7, 0.97])])
+    with pytest.raises(ConfigError, match="differ in sgd"):
+        pooled_lanes([a, alone])
+    other_split = race_json(tmp_path / "d.json", holdout=0, runs=[run("sgd", 0.1, 3, [0.5, 0.9]),
+                                                               run("muon", 0.02, 3, [0.6, 0.95])])
+    with pytest.raises(ConfigError, match="raced holdout 0"):
+        pooled_lanes([a, other_split])
+
+
+def test_final_accuracy_is_reported_and_says_when_budgets_match():
+    def lane(seed, accs, stopped="epoch budget"):
+        hist = [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]
+        return Lane("sgd", 0.1, seed, None, None, None, seconds=float(len(accs)), history=hist, stopped=stopped)
+
+    final = summarize([lane(0, [0.5, 0.9, 0.92]), lane(1, [0.5, 0.8, 0.94]), lane(2, [0.6, 0.7, 0.90])],
+                      (0.9,))["final"]["sgd"]
+    assert final == {"median": 0.92, "lowest": 0.90, "highest": 0.94, "epochs": 3, "whole_budget": True}
+    stopped = summarize([lane(0, [0.5, 0.95], "reached every target")], (0.9,))["final"]["sgd"]
+    assert stopped["whole_budget"] is False
+
+
+def test_select_then_confirm_end_to_end(tmp_path, capsys):
+    """A --holdout race never reads the test split; --frozen races only the chosen (lr, budget) per optimizer."""
+    sel, conf = tmp_path / "sel", tmp_path / "conf"
+    common = ["race", "--config", "digits-lenet", "--set", "data.batch_size=64", "--epochs", "2",
+              "--targets", "0.3", "0.6", "--seeds", "2"]
+    assert main([*common, "--optimizers", "sgd", "muon", "--lr", "sgd=0.05,0.1", "--lr", "muon=0.02",
+                 "--budget", "sgd=1,2", "--holdout", "300", "-o", str(sel)]) == 0
+    out = capsys.readouterr().out
+    assert "selecting on 300 training samples held out" in out and "(1137 training images)" in out
+    data = json.loads((sel / "race.json").read_text())
+    assert data["settings"]["holdout"] == 300
+    picks = {s.optimizer: s for s in selections(data, "sel")}
+    assert main([*common, "--frozen", str(sel / "race.json"), "-o", str(conf)]) == 2
+    assert "confirm on fresh seeds: --first-seed 2" in capsys.readouterr().err
+    assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--full-budget", "-o", str(conf)]) == 0
+    out = capsys.readouterr().out
+    assert "(1437 training images)" in out and "final top-1" in out
+    runs = json.loads((conf / "race.json").read_text())["runs"]
+    assert {(r["optimizer"], r["lr"]) for r in runs} == {(picks[o].racer, picks[o].lr) for o in ("sgd", "muon")}
+    assert {r["seed"] for r in runs} == {2, 3}
+    assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--lr", "sgd=0.1"]) == 2
+    assert "--frozen races the optimizers" in capsys.readouterr().err

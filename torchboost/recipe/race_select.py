@@ -1,0 +1,160 @@
+"""Select, then confirm: the race protocol that keeps the winner's curse out of a time-to-accuracy claim.
+
+1. `race --holdout N` races lr grids (and epoch budgets) on N training samples held out as a validation split;
+   the test split is never read.
+2. `race --frozen SELECTION/race.json --first-seed S` races each optimizer at the one (lr, budget) the selection
+   chose, on fresh seeds, on the test split: the reported seconds and accuracies were not used to choose them.
+
+Races run in several processes (one per core) are pooled only when every process raced the same racers, and a
+(racer, lr, seed) run that appears twice is counted once (`pooled_lanes`): a racer raced alone, on a quieter
+machine, or a seed counted twice would bias the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from torchboost.errors import ConfigError
+from torchboost.fileio import read_regular
+from torchboost.optim.registry import OPTIMIZERS
+from torchboost.plaindata import check_plain
+from torchboost.recipe.race import Lane
+from torchboost.recipe.race_report import reach_key
+
+MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
+
+
+@dataclass(frozen=True)
+class Selection:
+    """One optimizer's frozen configuration: its lr and epoch budget (None: the race's)."""
+
+    optimizer: str
+    lr: float
+    epochs: int | None = None
+
+    @property
+    def racer(self) -> str:
+        return self.optimizer if self.epochs is None else f"{self.optimizer}@{self.epochs}"
+
+
+def read_race(path: Path) -> dict:
+    """A saved race.json as plain data, checked for the parts the protocol reads (settings, summary, runs)."""
+    raw = read_regular(path, ConfigError)
+    if len(raw) > MAX_RACE_FILE:
+        raise ConfigError(f"{path} is {len(raw)} bytes, larger than any race result", "give the race.json a race wrote")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not a race result (not JSON: {e})", "give the race.json a race wrote") from None
+    check_plain(data, str(path))
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in
+                                             (("settings", dict), ("summary", dict), ("runs", list))):
+        raise ConfigError(f"{path} is not a race result (no settings, summary and runs)",
+                          "give the race.json a race wrote")
+    return data
+
+
+def selections(data: dict, source: str) -> list[Selection]:
+    """Per optimizer the budget and lr a selection race chose: among its budgets (`NAME@EPOCHS` racers) the one
+    whose chosen lr reaches the highest target on the median seed soonest. Refused unless the race selected on
+    a validation split (`--holdout`)."""
+    settings, summary = data["settings"], data["summary"]
+    if not isinstance(settings.get("holdout"), int) or settings["holdout"] <= 0:
+        raise ConfigError(f"{source} was raced on the test split, so choosing from it and reporting on it would "
+                          "count the same luck twice", "select with `torchboost race --holdout N` first")
+    targets = summary.get("targets")
+    chosen = summary.get("chosen_lr")
+    if not isinstance(targets, dict) or not isinstance(chosen, dict) or not chosen:
+        raise ConfigError(f"{source} has no per-target summary", "give the race.json a finished race wrote")
+    best: dict[str, tuple[tuple, Selection]] = {}
+    for racer, lr in chosen.items():
+        name, at, budget = str(racer).partition("@")
+        if name not in OPTIMIZERS or (at and not (budget.isdigit() and 1 <= int(budget) <= 100_000)):
+            raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
+                              "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"{source} gives racer {racer!r} the lr {lr!r}", "give the race.json a race wrote")
+        try:
+            rows = {float(t): targets[t][racer] for t in targets}
+            key = reach_key(rows)
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{source}'s summary has no row per target for {racer!r}",
+                              "give the race.json a finished race wrote") from None
+        pick = Selection(name, float(lr), int(budget) if at else None)
+        if name not in best or key < best[name][0]:
+            best[name] = (key, pick)
+    return [s for _, s in best.values()]
+
+
+def check_same_task(data: dict, source: str, recipe: str, overrides: Sequence[str], targets: Sequence[float]) -> None:
+    """A frozen race must race the task its selection ran: the same recipe, overrides and targets."""
+    settings = data["settings"]
+    for what, theirs, mine in (("recipe", settings.get("recipe"), recipe),
+                               ("overrides", settings.get("overrides"), list(overrides)),
+                               ("targets", [float(t) for t in settings.get("targets") or []],
+                                [float(t) for t in targets])):
+        if theirs != mine:
+            raise ConfigError(f"{source} selected on {what} {theirs!r}, this race has {mine!r}",
+                              f"race the selection's {what} (or select again)")
+
+
+def check_fresh_seeds(data: dict, source: str, seeds: range) -> None:
+    """A frozen race reports seeds its selection never ran."""
+    settings = data["settings"]
+    try:
+        used = range(int(settings["first_seed"]), int(settings["first_seed"]) + int(settings["seeds"]))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{source} does not say which seeds it raced", "select with this version's "
+                          "`torchboost race --holdout N`") from None
+    shared = sorted(set(used) & set(seeds))
+    if shared:
+        raise ConfigError(f"seeds {shared[0]}..{shared[-1]} were raced by the selection in {source}",
+                          f"confirm on fresh seeds: --first-seed {used.stop} (or higher)")
+
+
+def pooled_lanes(paths: Sequence[Path]) -> list[Lane]:
+    """The runs of several race.json files as one race: only when every file raced the same racers (a racer
+    raced in one process alone saw another machine load), each (racer, lr, seed) run counted once."""
+    files = [(p, read_race(p)) for p in paths]
+    for path, data in files[1:]:  # one task, one evaluation split (a selection never pools with a confirmation)
+        for key in ("recipe", "overrides", "holdout", "epochs"):
+            if data["settings"].get(key) != files[0][1]["settings"].get(key):
+                raise ConfigError(f"{path} raced {key} {data['settings'].get(key)!r}, {files[0][0]} "
+                                  f"{files[0][1]['settings'].get(key)!r}", "pool only races of one task")
+    racers = [frozenset(str(r.get("optimizer")) for r in data["runs"] if isinstance(r, dict)) for _, data in files]
+    for (path, _), mine in zip(files, racers):
+        if mine != racers[0]:
+            odd = sorted(mine ^ racers[0])
+            raise ConfigError(f"{path} raced {sorted(mine)}, {files[0][0]} raced {sorted(racers[0])} "
+                              f"(differ in {', '.join(odd)})", "pool only races of the same racers (race the "
+                              "missing ones in every process)")
+    lanes, seen = [], set()
+    for path, data in files:
+        for lane in lanes_of(data, path):
+            key = (lane.racer, lane.lr, lane.seed)
+            if key not in seen:
+                seen.add(key)
+                lanes.append(lane)
+    return lanes
+
+
+def lanes_of(data: dict, source: Path) -> list[Lane]:
+    """The runs of a read race.json as lanes (history only), each field checked."""
+    lanes = []
+    for r in data["runs"]:
+        try:
+            history = [dict(epoch=float(h["epoch"]), seconds=float(h["seconds"]),
+                            val_top_1_accuracy=float(h["val_top_1_accuracy"]),
+                            **{k: v for k, v in h.items() if k not in ("epoch", "seconds", "val_top_1_accuracy")})
+                       for h in r["history"]]
+            lane = Lane(str(r["optimizer"]), float(r["lr"]), int(r["seed"]), None, None, None,  # type: ignore[arg-type]
+                        seconds=history[-1]["seconds"] if history else 0.0, history=history,
+                        stopped=str(r.get("stopped") or ""))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(f"{source} holds a run that is not a race run", "give the race.json a race wrote") from None
+        lanes.append(lane)
+    return lanes
