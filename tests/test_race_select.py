@@ -184,3 +184,16 @@ def test_select_then_confirm_end_to_end(tmp_path, capsys):
     assert {r["seed"] for r in runs} == {2, 3}
     assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--lr", "sgd=0.1"]) == 2
     assert "--frozen races the optimizers" in capsys.readouterr().err
+
+
+def test_a_pooled_report_records_every_seed_it_pooled(tmp_path, capsys):
+    """Selections raced in two processes, pooled by --report: a confirmation must clear the seeds of both."""
+    a = race_json(tmp_path / "a.json", first_seed=0, seeds=1, runs=[run("sgd", 0.1, 0, [0.5, 0.96])])
+    b = race_json(tmp_path / "b.json", first_seed=4, seeds=1, runs=[run("sgd", 0.1, 4, [0.5, 0.97])])
+    assert main(["race", "--report", str(a), str(b), "-o", str(tmp_path / "pooled")]) == 0
+    assert "sgd" in capsys.readouterr().out
+    pooled = read_race(tmp_path / "pooled" / "race.json")
+    assert (pooled["settings"]["first_seed"], pooled["settings"]["seeds"]) == (0, 5)
+    with pytest.raises(ConfigError, match="--first-seed 5"):
+        check_fresh_seeds(pooled, "pooled", range(3, 6))
+    assert [s.lr for s in selections(pooled, "pooled")] == [0.1]

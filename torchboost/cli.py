@@ -386,7 +386,9 @@ def _race_report(args: argparse.Namespace) -> int:
     if args.output:
         out = Path(args.output)
         check_output_folder(out)
-        json_path, png = write_results(lanes, summary, {**settings, "pooled": list(args.report)}, out)
+        seeds = sorted({l.seed for l in lanes})  # what a --frozen confirmation must stay clear of: all of them
+        meta = {**settings, "pooled": list(args.report), "first_seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1}
+        json_path, png = write_results(lanes, summary, meta, out)
         print(f"results: {json_path}; plot: {png}")
     return 0
 
