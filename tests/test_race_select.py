@@ -197,3 +197,31 @@ def test_a_pooled_report_records_every_seed_it_pooled(tmp_path, capsys):
     with pytest.raises(ConfigError, match="--first-seed 5"):
         check_fresh_seeds(pooled, "pooled", range(3, 6))
     assert [s.lr for s in selections(pooled, "pooled")] == [0.1]
+
+
+def test_a_variant_racer_is_the_config_train_would_run():
+    """`sgd[weight_norm=pin]`: the optim key set for that racer only; a BatchNorm-fed conv keeps its norm."""
+    from torchboost.recipe.build import build_model
+    from torchboost.recipe.race import variant_racer
+
+    cfg, _, _ = load_resolved("resnet20-mnist5k")
+    pinned, plain = variant_racer("sgd[weight_norm=pin]", cfg, (0.1,)), variant_racer("sgd", cfg, (0.1,))
+    assert (pinned.name, pinned.lrs, plain.name) == ("sgd[weight_norm=pin]", (0.1,), "sgd")
+    norms = []
+    for racer in (pinned, plain):
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        conv = model.conv1.weight if hasattr(model, "conv1") else next(m.weight for m in model.modules()
+                                                                       if isinstance(m, torch.nn.Conv2d))
+        before = conv.norm().item()
+        opt = racer.build(model, 0.5, 10, 2)
+        model(torch.randn(4, 1, 28, 28)).square().mean().backward()
+        opt.step()
+        norms.append((before, conv.norm().item()))
+    assert norms[0][1] == pytest.approx(norms[0][0], rel=1e-5)  # pinned
+    assert norms[1][1] != pytest.approx(norms[1][0], rel=1e-5)  # the plain racer's moved
+    assert cfg.optim.weight_norm == "none"  # the race's config is untouched
+    with pytest.raises(ConfigError, match="not one of none, pin"):
+        variant_racer("sgd[weight_norm=pinned]", cfg)
+    with pytest.raises(ConfigError, match="not NAME"):
+        variant_racer("sgd[weight_norm=pin", cfg)

@@ -289,7 +289,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .recipe import load_resolved
     from .recipe.load import recipe_with_data
     from .recipe.optimizers import default_racers
-    from .recipe.race import budget_racers, builtin_racer, parse_budgets, parse_lr_grids, race_setup, run_race
+    from .optim.registry import OPTIMIZERS
+    from .recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, racer_base, run_race, variant_racer
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
     from .recipe.race_select import check_fresh_seeds, check_same_task, pooled_lanes, read_race, selections
     from .train.device import device_name
@@ -301,6 +302,10 @@ def _cmd_race(args: argparse.Namespace) -> int:
         raise ConfigError("--frozen races the optimizers, lrs and budgets its selection chose, on the test split",
                           "drop --optimizers, --lr, --budget, --lr-find and --holdout (or select again)")
     optimizers = args.optimizers or default_racers()
+    for name in optimizers:  # before any data is read (a variant's options are checked once the config is)
+        if racer_base(name) not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {racer_base(name)!r} in --optimizers {name}",
+                              suggest(racer_base(name), list(OPTIMIZERS)))
     grids, budgets = parse_lr_grids(args.lr or []), parse_budgets(args.budget or [])
     for flag, named in (("--lr", grids), ("--budget", budgets)):
         unused = [name for name in named if name not in optimizers]
@@ -327,16 +332,20 @@ def _cmd_race(args: argparse.Namespace) -> int:
     print("\n".join(lines))  # what is raced, before the first of many runs
     if chosen is not None:
         # each at the budget its selection chose (a racer selected without one: --epochs, as in the selection)
-        racers = [budget_racers(builtin_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
+        racers = [budget_racers(variant_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
                   for s in chosen]
         print("frozen: " + ", ".join(f"{r.name} lr {r.lrs[0]:g}" for r in racers))
     else:
         if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
             from .recipe.lr_find import lr_find_grids
 
-            grids.update(lr_find_grids(cfg, train_ds, [n for n in optimizers if n not in grids]))
+            sweep = [n for n in optimizers if n not in grids]
+            if any("[" in n for n in sweep):
+                raise ConfigError("--lr-find sweeps registered optimizers, not variants",
+                                  f"give {next(n for n in sweep if '[' in n)} its grid with --lr")
+            grids.update(lr_find_grids(cfg, train_ds, sweep))
         racers = [r for name in optimizers
-                  for r in budget_racers(builtin_racer(name, cfg, grids.get(name)), budgets.get(name))]
+                  for r in budget_racers(variant_racer(name, cfg, grids.get(name)), budgets.get(name))]
     meta = {"recipe": args.config, "overrides": overrides, "targets": targets, "seeds": args.seeds,
             "first_seed": args.first_seed, "evals_per_epoch": args.evals_per_epoch,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
@@ -697,8 +706,9 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--batch-size", "-b", type=positive_int, help="shortcut for --set data.batch_size=N (aim at 10 or "
                                                                    "more updates per epoch)")
     racers = default_racers()
-    rc.add_argument("--optimizers", nargs="+", metavar="NAME", choices=list(OPTIMIZERS),
-                    help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)})")
+    rc.add_argument("--optimizers", nargs="+", metavar="NAME",
+                    help=f"any of {' '.join(OPTIMIZERS)} (default: {' '.join(racers)}), or a variant with some "
+                         "options changed: 'thor[graft=muon_step]', 'muon[weight_norm=pin]'")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=float, help="validation top-1 targets (default 0.975 0.98; with "

@@ -16,6 +16,7 @@ training-time budget, divergence, or (by default) once it reached every target.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import time
@@ -31,10 +32,11 @@ from torchboost.data import build_loader, set_epoch
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config
-from torchboost.recipe.config import Config
+from torchboost.recipe.config import Config, merge, parse_override
 from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race_trace import layer_trace, traced_weights
 from torchboost.recipe.resolve import fit_batch
+from torchboost.recipe.validation import validate
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
 from torchboost.train.step import TrainStep, prepare_input
@@ -111,6 +113,36 @@ def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) ->
         return optimizer_from_config(run, model, lr, steps)
 
     return Racer(name, tuple(lrs or grid), build)
+
+
+def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
+    """A registered optimizer with some of its options changed, named by them: `thor[graft=muon_step]`,
+    `muon[weight_norm=pin]`, `thor[graft=muon_step,weight_norm=pin]`. A key of the optimizer's own section
+    (`optim.thor`) is set there, any other in `optim`; values are read as --set reads them and the result
+    passes the one validation pass, so a variant is exactly a config `train` could run. A plain name is
+    `builtin_racer`'s."""
+    base, bracket, inner = spec.partition("[")
+    if not bracket:
+        return builtin_racer(spec, cfg, lrs)
+    entry = get_optimizer(base)
+    if not inner.endswith("]") or "[" in inner:
+        raise ConfigError(f"racer {spec[:80]!r} is not NAME[KEY=VALUE,...]", "e.g. thor[graft=muon_step]")
+    section = cfg.optim.options.get(entry.options_key) if entry.options_key else None
+    own = {f.name for f in dataclasses.fields(section)} if section is not None else set()
+    variant = copy.deepcopy(cfg)
+    for item in filter(None, inner[:-1].split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"racer {spec[:80]!r}: {item!r} is not KEY=VALUE", "e.g. thor[graft=muon_step]")
+        where = f"optim.{entry.options_key}." if key.strip() in own else "optim."
+        merge(variant, parse_override(f"{where}{key.strip()}={value}"))
+    validate(variant)
+    return dataclasses.replace(builtin_racer(base, variant, lrs), name=spec)
+
+
+def racer_base(spec: str) -> str:
+    """The registered optimizer a racer name stands for: `thor[graft=grad]@8` -> `thor`."""
+    return spec.partition("@")[0].partition("[")[0]
 
 
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:

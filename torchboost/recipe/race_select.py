@@ -22,7 +22,7 @@ from torchboost.errors import ConfigError
 from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain
-from torchboost.recipe.race import Lane
+from torchboost.recipe.race import Lane, racer_base
 from torchboost.recipe.race_report import reach_key
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
@@ -73,7 +73,7 @@ def selections(data: dict, source: str) -> list[Selection]:
     best: dict[str, tuple[tuple, Selection]] = {}
     for racer, lr in chosen.items():
         name, at, budget = str(racer).partition("@")
-        if name not in OPTIMIZERS or (at and not (budget.isdigit() and 1 <= int(budget) <= 100_000)):
+        if racer_base(name) not in OPTIMIZERS or (at and not (budget.isdigit() and 1 <= int(budget) <= 100_000)):
             raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
                               "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
         if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not (math.isfinite(lr) and lr > 0):
