@@ -225,3 +225,15 @@ def test_a_variant_racer_is_the_config_train_would_run():
         variant_racer("sgd[weight_norm=pinned]", cfg)
     with pytest.raises(ConfigError, match="not NAME"):
         variant_racer("sgd[weight_norm=pin", cfg)
+
+
+def test_when_no_lr_reaches_a_target_the_one_that_learned_most_is_chosen():
+    """Not the first of the grid: an lr that diverged to chance must not stand for the optimizer."""
+    def lane(lr, seed, accs):
+        hist = [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]
+        return Lane("sgd", lr, seed, None, None, None, seconds=float(len(accs)), history=hist)
+
+    lanes = [lane(0.1, s, [0.1, 0.1]) for s in (0, 1)] + [lane(0.02, s, [0.8, 0.9 + s / 100]) for s in (0, 1)]
+    summary = summarize(lanes, (0.97, 0.98))
+    assert summary["chosen_lr"]["sgd"] == 0.02
+    assert summary["targets"]["0.97"]["sgd"]["median_best"] == pytest.approx(0.905)

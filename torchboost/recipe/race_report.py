@@ -65,18 +65,21 @@ def _per_lr(lanes: Sequence[Lane], name: str, target: float) -> list[dict]:
         rows.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
                      "median_epochs": statistics.median(e for e, _ in hits),
                      "median_seconds": statistics.median(s for _, s in hits),
+                     "median_best": statistics.median(max((r["val_top_1_accuracy"] for r in l.history), default=0.0)
+                                                      for l in lanes if l.racer == name and l.lr == lr),
                      "seconds": [s for _, s in hits]})  # per seed, for the ratio's interval
     return rows
 
 
 def reach_key(rows: dict[float, dict]) -> tuple:
     """Sort key of one configuration's rows by target: the highest target reached on the median seed first, then
-    the fewest median seconds (then epochs) to it; a configuration that reaches none sorts last."""
+    the fewest median seconds (then epochs) to it; configurations that reach none sort last, by their median
+    best accuracy (the highest first: an lr that learned beats one that diverged)."""
     for i, t in enumerate(sorted(rows, reverse=True)):
         r = rows[t]
         if math.isfinite(r["median_seconds"]):
             return (i, r["median_seconds"], r["median_epochs"])
-    return (len(rows), 0.0, 0.0)
+    return (len(rows), -max(r.get("median_best", 0.0) for r in rows.values()), 0.0)
 
 
 def _chosen_lr(per_target: dict, targets: Sequence[float]) -> float:
