@@ -60,7 +60,7 @@ PY
     ;;
   cost)
     timeout 150 python3 benchmarks/throughput.py --gpu-only --no-gpu-compile --gpu-steps 20 --thor-profile \
-      --thor "" factor_samples=32 split_dim=256 inverse_method=eigen "factor_samples=32,split_dim=256" \
+      --thor "" factor_samples=32 split_dim=256 "factor_samples=32,split_dim=256" \
       > "$OUT/cost.log" 2>&1
     echo "cost exit $?"; grep -v "USDT" "$OUT/cost.log" | tail -34 ;;
   race)

@@ -1,7 +1,5 @@
 """THOR under torch.distributed (2 gloo processes on 127.0.0.1): factors averaged across ranks before
-inversion, inversions split between ranks; the result equals one process on the concatenated batch. Also
-with unit-wise BatchNorm blocks (averaged like the factors) and the KL clip (its sum is over the already
-all-reduced gradients, so every rank scales alike)."""
+inversion, inversions split between ranks; the result equals one process on the concatenated batch."""
 
 import socket
 import time
@@ -20,17 +18,11 @@ from torchboost.optim.thor import THOR
 
 STEPS, BATCH = 3, 8
 OPTS = dict(lr=0.1, damping=0.05, weight_decay=1e-3, frequency=2, split_dim=4, split_indices=[1])
-BN_OPTS = dict(OPTS, batchnorm="unit_wise", kl_clip=1e-4)
 
 
-def make_net(bn: bool = False) -> nn.Sequential:
-    """BatchNorm in eval mode: per-rank batch statistics would differ between halves and the whole."""
+def make_net() -> nn.Sequential:
     torch.manual_seed(0)
-    norm = nn.BatchNorm2d(6).eval() if bn else nn.Identity()
-    if bn:
-        with torch.no_grad():
-            norm.weight.uniform_(0.5, 1.5), norm.running_var.uniform_(0.5, 2.0)
-    return nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), norm, nn.ReLU(), nn.Conv2d(6, 6, 3, stride=2, groups=2),
+    return nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, stride=2, groups=2),
                          nn.Tanh(), nn.Flatten(), nn.Linear(6 * 16, 5), nn.ReLU(), nn.Linear(5, 3)).double()
 
 
@@ -39,13 +31,13 @@ def data(k: int):
     return torch.randn(BATCH, 2, 9, 9, generator=g, dtype=torch.float64), torch.randint(0, 3, (BATCH,), generator=g)
 
 
-def _worker(rank: int, world: int, port: int, out: str, bn: bool) -> None:
+def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
-    net = make_net(bn)
+    net = make_net()
     ddp = DistributedDataParallel(net)
-    opt = THOR(ddp, **(BN_OPTS if bn else OPTS))
+    opt = THOR(ddp, **OPTS)
     shard = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     for k in range(STEPS):
         x, y = data(k)
@@ -53,8 +45,7 @@ def _worker(rank: int, world: int, port: int, out: str, bn: bool) -> None:
         F.cross_entropy(ddp(x[shard]), y[shard]).backward()
         opt.step()
     layers = {name.removeprefix("module."): (l.A, l.G, l.A_inv) for name, l in opt.layers.items()}
-    units = {name.removeprefix("module."): u.F for name, u in opt.preconditioner.units.items()}
-    torch.save({"params": net.state_dict(), "layers": layers, "units": units, "counters": opt.counters},
+    torch.save({"params": net.state_dict(), "layers": layers, "counters": opt.counters},
                Path(out) / f"{rank}.pt")
     del opt, ddp
     dist.barrier()
@@ -69,9 +60,8 @@ def _free_port() -> int:
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.parametrize("bn", [False, True])
-def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path, bn):
-    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path), bn), nprocs=2, join=False,
+def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
+    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 120
     try:
@@ -82,8 +72,8 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path, bn):
             if p.is_alive():
                 p.kill()
 
-    net = make_net(bn)
-    opt = THOR(net, **(BN_OPTS if bn else OPTS))
+    net = make_net()
+    opt = THOR(net, **OPTS)
     for k in range(STEPS):
         x, y = data(k)
         opt.zero_grad()
@@ -97,9 +87,6 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path, bn):
         for name, layer in opt.layers.items():
             for got, ref in zip(r["layers"][name], (layer.A, layer.G, layer.A_inv)):
                 torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
-        for name, u in opt.preconditioner.units.items():
-            torch.testing.assert_close(r["units"][name], u.F, rtol=1e-9, atol=1e-12)
-        assert len(r["units"]) == bn
     # every inversion was computed once, on one rank, and both ranks took a share
     local = [r["counters"]["local_inversions"] for r in ranks]
     assert sum(local) == opt.counters["local_inversions"] == 4 * 2 and min(local) > 0

@@ -99,12 +99,11 @@ def test_mindspore_factory_and_validation():
     net = mlp()
     lr = np.full(10, 0.01, np.float32)
     opt = thor(net, lr, lr, 0.9, 5e-4, 128.0, 32, split_indices=[0], frequency=5)
-    assert isinstance(opt, THOR) and opt.inv_interval == 5 and opt.loss_scale == 128.0
+    assert isinstance(opt, THOR) and opt.options.frequency == 5 and opt.options.loss_scale == 128.0
+    assert opt.options.split_indices == [0] and np.array_equal(opt.options.damping, lr)
     assert opt.param_groups[0]["weight_decay"] == 5e-4
     with pytest.raises(ConfigError):
         thor(net, lr, lr, 0.9, batch_size=0)
-    with pytest.raises(ConfigError, match="multiple"):
-        THOR(net, lr=0.1, damping=0.1, factor_interval=2, inv_interval=3)
     with pytest.raises(ConfigError, match="damping must be > 0"):
         THOR(net, lr=0.1, damping=0.0)
     with pytest.raises(ConfigError, match="damping must be > 0"):  # a schedule is checked at each update

@@ -5,7 +5,7 @@
 | `Model(..., amp_level="O2", loss_scale_manager)` | `torchboost.Model(..., amp_dtype=, grad_scaler=)`    |
 | `FixedLossScaleManager(128, drop_overflow_update)` | `FixedGradScaler(128, skip_overflow=)`             |
 | `DynamicLossScaleManager(2**24, 2, 2000)`       | `torch.amp.GradScaler(init_scale, growth_factor, ...)` |
-| `thor(net, lr, damping, momentum, ..., use_nesterov)` | `THOR(net, lr, damping, momentum, ..., nesterov=)` |
+| `thor(net, lr, damping, momentum, ..., use_nesterov)` | `THOR(net, lr, ThorOptions(damping=...), momentum=, nesterov=)` |
 
 The amp levels: O0 float32; O1 autocast; O2 autocast plus dynamic loss scaling when the low precision is
 float16; O3 the whole network cast to the low precision (and autocast).
@@ -104,9 +104,9 @@ def thor(net: nn.Module, lr: Schedule, damping: Schedule, momentum: float, weigh
     weight_decay, loss_scale, batch_size, use_nesterov, decay_filter, split_indices, frequency)`.
     `batch_size` is only validated: THOR reads each step's real batch size from the layer inputs, so a smaller
     last batch is scaled exactly. `split_indices` sets the all-reduce fusion groups of the factors, as in
-    MindSpore. Extra keyword arguments go to THOR."""
+    MindSpore. Extra keyword arguments go to THOR (ThorOptions fields, or its Python-only arguments)."""
     if batch_size < 1:
         raise ConfigError(f"thor: batch_size must be >= 1, got {batch_size}", "pass the per-device batch size")
-    return THOR(net, lr, damping, momentum=momentum, weight_decay=weight_decay, frequency=frequency,
-                loss_scale=loss_scale, nesterov=use_nesterov, decay_filter=decay_filter,
-                split_indices=split_indices, **kwargs)
+    return THOR(net, lr, momentum=momentum, weight_decay=weight_decay, nesterov=use_nesterov,
+                decay_filter=decay_filter, damping=damping, loss_scale=loss_scale, split_indices=split_indices,
+                frequency=frequency, **kwargs)

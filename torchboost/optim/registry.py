@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -24,17 +24,7 @@ from torchboost.errors import ConfigError, suggest
 from torchboost.optim.groups import param_groups
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.thor import THOR, thor_muon
-from torchboost.optim.thor.args import ThorOptions, check_thor_options
-from torchboost.options import option
-
-
-@dataclass
-class ThorEntryOptions(ThorOptions):
-    """The THOR entries' options: ThorPreconditioner's options, and the update it turns first-order at."""
-
-    first_order_after: Optional[int] = option(None, ge=0, help="from this update on the plain first-order update "
-                                                               "(no refreshes, no preconditioning); unset: "
-                                                               "curvature throughout")
+from torchboost.optim.thor.args import ThorOptions
 
 
 @dataclass(frozen=True)
@@ -139,32 +129,24 @@ def _normuon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
                           row_beta=NORMUON_ROW_BETA)
 
 
-def check_thor_entry(options: ThorEntryOptions) -> None:
-    """The THOR entries' options as a whole: THOR's own argument checks (interval multiples, ...)."""
-    check_thor_options(dataclasses.asdict(options), preconditioner_only=True)
-
-
-def _thor_kwargs(a: OptimizerArgs) -> dict:
-    return {**dataclasses.asdict(a.options), "accumulation_steps": a.accumulation_steps}
-
-
+# THOR's entries: a.options is the ThorOptions (the recipe's optim.thor, converted to updates)
 def _thor(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     ndim = {name: p.ndim for name, p in model.named_parameters()}
     exempt = None if a.decay_bn_and_bias else lambda name: ndim[name] >= 2  # 1-D: BN scale/shift, biases
-    return THOR(model, lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
-                decay_filter=exempt, **_thor_kwargs(a))
+    return THOR(model, a.lr, a.options, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
+                decay_filter=exempt, accumulation_steps=a.accumulation_steps)
 
 
-def _thor_muon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
-    return thor_muon(model, a.lr, a.momentum, a.weight_decay, a.nesterov, **_thor_kwargs(a))
+def _thor_muon(model: nn.Module, a: OptimizerArgs, row_beta: float | None = None) -> torch.optim.Optimizer:
+    return thor_muon(model, a.lr, a.options, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
+                     row_beta=row_beta, accumulation_steps=a.accumulation_steps)
 
 
 def _thor_normuon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
-    return thor_muon(model, a.lr, a.momentum, a.weight_decay, a.nesterov, row_beta=NORMUON_ROW_BETA,
-                     **_thor_kwargs(a))
+    return _thor_muon(model, a, NORMUON_ROW_BETA)
 
 
-THOR_OPTIONS = dict(options=ThorEntryOptions, options_key="thor", check=check_thor_entry)
+THOR_OPTIONS = dict(options=ThorOptions, options_key="thor")
 
 register(OptimizerEntry("sgd", "momentum SGD (fused kernel); per-layer weight decay groups", _sgd, momentum=0.9,
                         nesterov=False, weight_decay_groups=True, decay_bn_and_bias=True))

@@ -27,7 +27,7 @@ from torchboost.models import list_models
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, list_optimizers
 from torchboost.options import check_type, is_sections, leaf_fields, option, plain, sections
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
-from torchboost.recipe.optimizers import option_sections
+from torchboost.recipe.optimizers import drop_removed, option_sections
 from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 
@@ -285,6 +285,7 @@ def merge(obj: Any, data: Any, prefix: str = "") -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"section '{prefix.rstrip('.') or 'root'}' must be a mapping, got {data!r}",
                           "check the recipe's indentation, or write KEY.SUBKEY=VALUE")
+    data = drop_removed(type(obj), data, prefix.rstrip("."))  # a removed key: one line saying so, not "unknown"
     fields = {f.name: f for f in dataclasses.fields(obj) if not is_sections(f)}
     pools = [getattr(obj, f.name) for f in dataclasses.fields(obj) if is_sections(f)]
     hints = typing.get_type_hints(type(obj))

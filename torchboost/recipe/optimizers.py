@@ -4,8 +4,10 @@ The registry (`torchboost.optim.registry`) builds and describes an optimizer fro
 What depends on the kind of run lives here:
 
 - option sections: `optim.<options_key>` is the registry entry's options dataclass, unless a recipe class
-  below extends it with keys counted in epochs (`optim.thor.damping_decay`, `first_order_epoch`), which
-  become the library's per-update options once the run's updates per epoch are known (`library_options`).
+  below extends it with keys counted in epochs (`optim.thor.damping_decay`), which become the library's
+  per-update options once the run's updates per epoch are known (`library_options`). A key a section's
+  dataclass lists in its `REMOVED` table gets a one-line error that says it was removed and why
+  (`drop_removed`; `recipe.config.merge` asks the same table for recipes, --set and saved configs).
   A new optimizer with options needs no line here: its section is its own dataclass.
 - the race: the lr grid `torchboost race` tries, the family whose members are not each other's rivals,
   and whether it races when no `--optimizers` are given. An optimizer not listed races over
@@ -16,29 +18,39 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import numpy as np
 
 from torchboost.errors import ConfigError
-from torchboost.optim.registry import OPTIMIZERS, OptimizerEntry, ThorEntryOptions, get_optimizer, list_optimizers
+from torchboost.optim.registry import OPTIMIZERS, OptimizerEntry, get_optimizer, list_optimizers
 from torchboost.optim.thor import get_thor_damping
-from torchboost.optim.thor.args import ThorOptions
+from torchboost.optim.thor.args import Removed, ThorOptions
 from torchboost.options import check_options, option
 
 
 # --- option sections --------------------------------------------------------------------------------------
 @dataclass
 class ThorRecipeOptions(ThorOptions):
-    """`optim.thor`: ThorPreconditioner's options plus MindSpore's damping generator, counted in epochs."""
+    """`optim.thor`: THOR's options (`ThorOptions`) plus MindSpore's damping generator, counted in epochs."""
 
     damping_decay: Optional[float] = option(None, gt=0, help="damping(e) = damping * damping_decay ^ (e / 10) "
                                                            "(MindSpore's recipe: 0.5467; above 1 the damping grows "
                                                            "and THOR fades into its first-order update); unset: "
                                                            "constant")
-    first_order_epoch: Optional[float] = option(None, ge=0, help="curvature early, first-order late: from this "
-                                                                 "epoch on the plain momentum update (no refreshes, "
-                                                                 "no preconditioning); unset: curvature throughout")
+
+    REMOVED: ClassVar[dict[str, Removed]] = {**ThorOptions.REMOVED,
+                                             "first_order_epoch": ThorOptions.REMOVED["first_order_after"]}
+
+
+def drop_removed(cls: type, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`values` for the options dataclass `cls` less the keys its `REMOVED` table lists that hold what the code
+    does now (a config saved before their removal writes them); any other value of one is a one-line error
+    saying it was removed, why, and to delete it. `where`: the section's dotted name (`optim.thor`)."""
+    removed = getattr(cls, "REMOVED", {})
+    for key in values.keys() & removed.keys():
+        removed[key].check(f"{where}.{key}", values[key])
+    return {k: v for k, v in values.items() if k not in removed}
 
 
 def check_thor_recipe(t: ThorRecipeOptions) -> None:
@@ -48,20 +60,17 @@ def check_thor_recipe(t: ThorRecipeOptions) -> None:
                           "give damping as one number with damping_decay, or the list alone")
 
 
-def thor_per_update(t: ThorRecipeOptions, updates_per_epoch: int, epochs: int) -> ThorEntryOptions:
-    """`optim.thor` in updates: first_order_epoch becomes first_order_after, damping_decay MindSpore's
-    per-update damping (get_thor_damping)."""
-    own = {f.name for f in dataclasses.fields(ThorRecipeOptions)} - {f.name for f in dataclasses.fields(ThorOptions)}
-    kw = {k: v for k, v in dataclasses.asdict(t).items() if k not in own}
-    if t.first_order_epoch is not None:
-        kw["first_order_after"] = round(t.first_order_epoch * updates_per_epoch)
+def thor_per_update(t: ThorRecipeOptions, updates_per_epoch: int, epochs: int) -> ThorOptions:
+    """`optim.thor` in updates: the ThorOptions THOR takes, damping_decay turned into MindSpore's per-update
+    damping (get_thor_damping)."""
+    options = shared_fields(t, ThorOptions)
     if t.damping_decay is not None:
         with np.errstate(over="ignore"):
-            kw["damping"] = get_thor_damping(0, t.damping, t.damping_decay, epochs, updates_per_epoch)
-        if not np.isfinite(kw["damping"]).all():
+            options.damping = get_thor_damping(0, t.damping, t.damping_decay, epochs, updates_per_epoch)
+        if not np.isfinite(options.damping).all():
             raise ConfigError(f"optim.thor.damping_decay {t.damping_decay:g} takes the damping past the float range "
                               f"within {epochs} epochs", "use a damping_decay nearer 1 (30 grows it 30x per 10 epochs)")
-    return ThorEntryOptions(**kw)
+    return options
 
 
 @dataclass(frozen=True)
@@ -107,16 +116,22 @@ def typed_section(key: str, value: Any) -> Any:
     if not isinstance(values, Mapping):
         raise ConfigError(f"optim.{key} must be a mapping of options, got {type(value).__name__} {value!r}",
                           f"write e.g. optim.{key}={{key: value}}")
+    values = drop_removed(cls, values, f"optim.{key}")
     return dataclasses.replace(cls(), **check_options(values, cls, f"optim.{key}"))
+
+
+def shared_fields(section: Any, cls: type) -> Any:
+    """An instance of `cls` from the fields `section` shares with it (a recipe section's epoch keys left out)."""
+    if type(section) is cls:
+        return section
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in dataclasses.asdict(section).items() if k in names})
 
 
 def library_view(section: Any, entry: OptimizerEntry) -> Any:
     """The entry's own options from the fields a recipe section shares with them (epoch keys left out): what
     the entry's check can judge before the run's length is known."""
-    if isinstance(section, entry.options):
-        return section
-    names = {f.name for f in dataclasses.fields(entry.options)}
-    return entry.options(**{k: v for k, v in dataclasses.asdict(section).items() if k in names})
+    return shared_fields(section, entry.options)
 
 
 def check_section(entry: OptimizerEntry, section: Any) -> None:

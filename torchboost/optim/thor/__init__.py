@@ -1,19 +1,19 @@
 """THOR, MindSpore's second-order optimizer, as a torch.optim.Optimizer.
 
-One concern per module: `factors` captures layer inputs/output gradients (hooks), `inverse` builds the
-damped block-split inverses, `layer` holds one preconditioned layer's state, `unitwise` the BatchNorm
-scale/shift 2x2 Fisher blocks (option `batchnorm="unit_wise"`), `distributed` averages
-factors and shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `args`
-validates the options (`check_thor_options`), `preconditioner` is the curvature applied to `.grad` before
-any optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum update built on it, and `wrap` puts
-the preconditioner in front of any optimizer as one Optimizer (`ThorPreconditioned`, `thor_muon`).
+One concern per module: `args` declares the options (`ThorOptions`, the one list of them) and checks them
+(`check_thor_options`), `factors` captures layer inputs/output gradients (hooks), `inverse` builds the damped
+block-split inverses, `layer` holds one preconditioned layer's state, `distributed` averages factors and
+shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `preconditioner` is the
+curvature applied to `.grad` before any optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum
+update built on it, and `wrap` puts the preconditioner in front of any optimizer as one Optimizer
+(`ThorPreconditioned`, `thor_muon`).
 """
 
-from torchboost.optim.thor.args import check_thor_options
+from torchboost.optim.thor.args import ThorOptions, check_thor_options
 from torchboost.optim.thor.optimizer import THOR
 from torchboost.optim.thor.preconditioner import ThorPreconditioner
 from torchboost.optim.thor.schedules import get_thor_damping, get_thor_lr
 from torchboost.optim.thor.wrap import ThorPreconditioned, thor_muon
 
-__all__ = ["THOR", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
+__all__ = ["THOR", "ThorOptions", "ThorPreconditioner", "ThorPreconditioned", "thor_muon", "check_thor_options",
            "get_thor_lr", "get_thor_damping"]

@@ -1,14 +1,16 @@
-"""THOR arguments: schedule values (float, per-update array or callable), the declared options and checks.
+"""THOR's options: `ThorOptions`, the one list of its curvature options, schedule values and the checks.
 
-`ThorOptions` declares what a recipe may set (`optim.thor`) in the project's one rule language
-(`torchboost.options.option`); `check_thor_options` applies those rules (plus the Python-only arguments) and
-is what the constructors call, so a bad option gets the same one-line error from Python and from a recipe.
+`ThorOptions` is declared in the project's one rule language (`torchboost.options.option`); each field's help
+is that option's documentation. ThorPreconditioner, THOR and thor_muon take one instance and/or its fields as
+keyword overrides (`thor_options` lays them over it and checks the result), and a recipe's `optim.thor` is the
+same dataclass, so a bad option gets the same one-line error from Python and from a recipe. Options that were
+removed are listed in `ThorOptions.REMOVED` with why: naming one is a one-line error that says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from torch import Tensor
@@ -48,38 +50,38 @@ class Value:
         return self.constant if group_value is None else group_value
 
 
-def _is_schedule_object(v: Any) -> bool:
-    """A callable of the update index or an array (numpy, tensor): Python-only forms of a schedule."""
-    return callable(v) or isinstance(v, (np.ndarray, Tensor))
+@dataclass(frozen=True)
+class Removed:
+    """A removed option: why it went (one clause), and `kept`, the value that is what THOR does now. A config
+    saved before the removal writes every option, so that value is accepted (and dropped); any other is refused."""
+
+    why: str
+    kept: Any = None
+
+    def check(self, where: str, value: Any, fix: str = "delete the key") -> None:
+        same = value is None if self.kept is None else type(value) is type(self.kept) and value == self.kept
+        if not same:
+            raise ConfigError(f"{where} was removed ({self.why})", fix)
+
+
+_NO_GAIN = "it did not make THOR faster in the races that tried it"
+_ONE_FREQUENCY = Removed("never shown to pay in a race; frequency refreshes the factors and their inverses together")
+_TRACE_SKIP = "trace-based refresh skipping was never shown to pay in a race"
+_FIRST_ORDER = Removed(f"{_NO_GAIN}; damping_decay above 1 fades THOR into its first-order update")
 
 
 @dataclass
 class ThorOptions:
-    """ThorPreconditioner's options that a recipe can write (`optim.thor`), with their defaults and rules.
-    `damping` may also be a per-update list; in Python it may be an array or a callable of the update index."""
+    """THOR's curvature options (ThorPreconditioner, THOR, thor_muon; a recipe's `optim.thor`): defaults, rules
+    and meaning. `damping` may also be a per-update list; in Python an array or a callable of the update index."""
 
     damping: Union[float, list[float]] = option(0.03, gt=0, help="added to the factors' diagonal before inverting "
                                                                  "(a number, or one per update)")
     frequency: int = option(100, ge=1, help="updates between refreshes of the factors and their inverses")
     split_dim: Optional[int] = option(128, ge=1, help="block size of the block-diagonal inverse; unset: the "
                                                       "whole matrix")
-    loss_scale: float = option(1.0, gt=0, help="the loss scale the gradients carry (divided out of the factors)")
-    factor_interval: Optional[int] = option(None, ge=1, help="updates between factor refreshes; unset: frequency")
-    inv_interval: Optional[int] = option(None, ge=1, help="updates between inversions (a multiple of "
-                                                          "factor_interval); unset: frequency")
-    factor_decay: Optional[float] = option(None, ge=0, lt=1, help="running average of the factors; unset: the "
-                                                                  "latest batch only")
-    inverse_method: str = option("cholesky", choices=("cholesky", "eigen"), help="how the damped factors are "
-                                                                                 "inverted")
-    trace_threshold: Optional[float] = option(None, ge=0, help="skip a layer's refresh while its factors' trace "
-                                                               "moved less than this share; unset: always refresh")
-    interval_growth: int = option(1, ge=1, help="with trace_threshold: a skipped layer's interval grows by this "
-                                                "factor")
-    max_interval_mult: int = option(8, ge=1, help="with trace_threshold: the largest interval, in frequencies")
-    loss_reduction: str = option("mean", choices=("mean", "sum"), help="how the loss reduces over the batch "
-                                                                       "(scales the output-gradient factor)")
-    max_damping_retries: int = option(3, ge=0, help="an inversion that fails is retried with 10x the damping "
-                                                    "this many times")
+    loss_scale: float = option(1.0, gt=0, help="the fixed loss scale the gradients carry (divided out of the factors "
+                                               "and of THOR's update); a loss summed over the batch: its batch size")
     graft: str = option("none", choices=("none", "grad", "sgd_step", "muon_step"),
                         help="THOR's direction with another optimizer's per-layer size, so the lr schedule sets "
                              "the step: grad = each preconditioned gradient gets its plain gradient's norm; sgd_step "
@@ -90,31 +92,37 @@ class ThorOptions:
                                                             "refresh; unset: the whole batch")
     split_indices: Optional[list[int]] = option(None, ge=0, help="multi-process: layer indices where the "
                                                                  "inverses' all-reduce groups split")
-    kl_clip: Optional[float] = option(None, gt=0, help="trust region (K-FAC's, kfac-pytorch's default 0.001): "
-                                                       "scale every preconditioned gradient by min(1, sqrt(kl_clip "
-                                                       "/ (lr^2 * sum over layers of <P g, g>))); unset: no clip")
-    max_dim: Optional[int] = option(None, ge=1, help="a factor side wider than this keeps only its diagonal "
-                                                     "(Shampoo's max_preconditioner_dim); unset: every side blocked "
-                                                     "by split_dim")
-    batchnorm: str = option("none", choices=("none", "unit_wise"), help="BatchNorm scale and shift: none = not "
-                                                                        "preconditioned (the plain update); unit_wise "
-                                                                        "= each channel's (scale, shift) gradient "
-                                                                        "times its damped 2x2 Fisher inverse")
+
+    REMOVED: ClassVar[dict[str, Removed]] = {
+        "factor_interval": _ONE_FREQUENCY, "inv_interval": _ONE_FREQUENCY,
+        "factor_decay": Removed("never shown to pay in a race; each refresh builds the factors from its own batch"),
+        "inverse_method": Removed("never shown to pay in a race; the inverses are Cholesky's", "cholesky"),
+        "trace_threshold": Removed(_TRACE_SKIP), "interval_growth": Removed(_TRACE_SKIP, 1),
+        "max_interval_mult": Removed(_TRACE_SKIP, 8),
+        "loss_reduction": Removed("THOR takes the loss as a batch mean; for a summed loss set loss_scale to the "
+                                  "batch size", "mean"),
+        "max_damping_retries": Removed("never shown to pay in a race; a failing inversion is retried 3 times "
+                                       "with 10x the damping", 3),
+        "kl_clip": Removed(_NO_GAIN), "max_dim": Removed("never shown to pay in a race"),
+        "batchnorm": Removed(f"unit-wise BatchNorm preconditioning: {_NO_GAIN}", "none"),
+        "first_order_after": _FIRST_ORDER}
+
+
+THOR_FIELDS = tuple(f.name for f in fields(ThorOptions))
 
 
 @dataclass
-class PreconditionerPythonOptions:
-    """ThorPreconditioner's options that only Python callers pass (live objects, the trainer's accumulation)."""
+class PreconditionerArgs:
+    """ThorPreconditioner's Python-only arguments with rules (live objects, the trainer's accumulation)."""
 
     accumulation_steps: int = option(1, ge=1)
-    first_order_after: Optional[int] = option(None, ge=0)  # recipes: optim.thor.first_order_epoch
     grad_scaler: Any = option(None)
     process_group: Any = option(None)
 
 
 @dataclass
-class ThorPythonOptions(PreconditionerPythonOptions):
-    """...and the THOR optimizer's own arguments."""
+class ThorArgs(PreconditionerArgs):
+    """...and the THOR optimizer's own SGD arguments."""
 
     lr: float = option(0.0, ge=0)
     momentum: float = option(0.9, ge=0)
@@ -123,31 +131,53 @@ class ThorPythonOptions(PreconditionerPythonOptions):
     decay_filter: Any = option(None)  # None or a callable(name) -> bool
 
 
-def check_thor_options(options: dict, *, preconditioner_only: bool = False) -> None:
-    """Validate THOR keyword arguments without a model, by the rules declared on `ThorOptions` and
-    `ThorPythonOptions`. Unknown keys and bad values raise ConfigError naming the key (with the closest
-    valid key, or the allowed range). Schedules (`damping`, `lr`) may also be arrays or callables."""
-    python_cls = PreconditionerPythonOptions if preconditioner_only else ThorPythonOptions
-    recipe_keys = {f.name for f in fields(ThorOptions)}
-    python_keys = {f.name for f in fields(python_cls)}
-    for key in options:
-        if key not in recipe_keys | python_keys:
-            raise ConfigError(f"unknown THOR option '{key}'", suggest(str(key), sorted(recipe_keys | python_keys)))
-    values = dict(options)
-    for key in ("damping", "lr"):
-        if _is_schedule_object(values.get(key)):
-            if not callable(values[key]) and np.size(values[key]) == 0:
+def _without_schedules(values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """`values` less the schedules among `keys` given as a callable or an array (Python-only forms, checked here)."""
+    out = dict(values)
+    for key in keys:
+        v = out.get(key)
+        if callable(v) or isinstance(v, (np.ndarray, Tensor)):
+            if not callable(v) and np.size(v) == 0:
                 raise ConfigError(f"THOR {key} schedule is empty", "give a float or a non-empty array")
-            del values[key]
-    check_options({k: v for k, v in values.items() if k in recipe_keys}, ThorOptions, "THOR")
-    check_options({k: v for k, v in values.items() if k in python_keys}, python_cls, "THOR")
+            del out[key]
+    return out
+
+
+def check_thor_options(options: Mapping[str, Any], *, also: Iterable[str] = ()) -> None:
+    """ThorOptions' rules on options given by name, without a model (`damping` may also be an array or a
+    callable). An unknown name is a one-line ConfigError with the closest valid one (ThorOptions' fields and
+    `also`, the caller's other arguments); a removed one says why it went."""
+    for key in options:
+        if key in ThorOptions.REMOVED:
+            ThorOptions.REMOVED[key].check(f"THOR option {key}", options[key], "delete the argument")
+        elif key not in THOR_FIELDS:
+            raise ConfigError(f"unknown THOR option '{key}'", suggest(str(key), [*THOR_FIELDS, *also]))
+    current = {k: v for k, v in options.items() if k not in ThorOptions.REMOVED}
+    check_options(_without_schedules(current, ("damping",)), ThorOptions, "THOR")
+
+
+def check_thor_args(values: Mapping[str, Any], cls: type = ThorArgs) -> None:
+    """The Python-only arguments' rules (`lr` may also be an array or a callable)."""
+    check_options(_without_schedules(values, ("lr",)), cls, "THOR")
     decay_filter = values.get("decay_filter")
     if decay_filter is not None and not callable(decay_filter):
         raise ConfigError(f"THOR decay_filter must be None or a callable(name) -> bool, got {decay_filter!r}",
                           "pass a function of the parameter name")
-    frequency = options.get("frequency", 100)
-    factor = options.get("factor_interval") or frequency
-    inverse = options.get("inv_interval") or frequency
-    if inverse % factor:
-        raise ConfigError(f"THOR inv_interval {inverse} is not a multiple of factor_interval {factor}",
-                          "make inv_interval a multiple of factor_interval")
+
+
+def thor_options(options: ThorOptions | None, overrides: Mapping[str, Any],
+                 args: type = PreconditionerArgs) -> ThorOptions:
+    """`options` (None: the defaults) with `overrides` (ThorOptions field names) laid over, checked: a new
+    ThorOptions, so the caller's object is never changed. `args`: the caller's Python-only arguments, named
+    in the did-you-mean of an unknown override."""
+    options = ThorOptions() if options is None else options
+    if not isinstance(options, ThorOptions):
+        raise ConfigError(f"THOR options must be a ThorOptions, got {type(options).__name__}",
+                          "pass ThorOptions(...), or the options as keyword arguments")
+    extra = [f.name for f in fields(options) if f.name not in THOR_FIELDS]
+    if extra:  # a subclass's own keys (a recipe's epoch-counted ones) would be silently ignored here
+        raise ConfigError(f"THOR options {type(options).__name__} carry {', '.join(extra)}, which THOR does not read",
+                          "convert them to a ThorOptions first (recipes: thor_per_update)")
+    values = {**{name: getattr(options, name) for name in THOR_FIELDS}, **overrides}
+    check_thor_options(values, also=[f.name for f in fields(args)])
+    return ThorOptions(**{k: v for k, v in values.items() if k in THOR_FIELDS})

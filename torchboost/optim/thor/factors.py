@@ -146,7 +146,7 @@ class LayerCapture:
     """
 
     def __init__(self, module: nn.Module, blocks: tuple[int, int], grad_scale: Callable[[], float],
-                 forward_id: Callable[[], int], mean_loss: bool = True, max_samples: int | None = None) -> None:
+                 forward_id: Callable[[], int], max_samples: int | None = None) -> None:
         self.module = module
         self.max_samples = max_samples
         self.a_block, self.g_block = blocks
@@ -154,7 +154,6 @@ class LayerCapture:
         self.dtype = factor_dtype(module.weight)
         self.grad_scale = grad_scale
         self.forward_id = forward_id
-        self.mean_loss = mean_loss
         self.enabled = False
         self._reset()
         self.handle = module.register_forward_hook(DetachedHook(self._on_forward))
@@ -189,7 +188,7 @@ class LayerCapture:
     def _on_grad(self, grad: Tensor, n: int, m: int) -> None:
         # The mean-reduced loss carries 1/n per sample; multiply back by n so G holds per-sample
         # gradient statistics (MindSpore's batch^2 factor), and divide out any loss scale.
-        mult = (n if self.mean_loss else 1) / self.grad_scale()
+        mult = n / self.grad_scale()
         with torch.autocast(grad.device.type, enabled=False):
             cols = output_columns(self.module, grad.detach()[:m].to(self.dtype))
             g = outer_blocks(cols, self.groups, self.g_block) * mult**2

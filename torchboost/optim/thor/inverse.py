@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+MAX_DAMPING_RETRIES = 3  # a block whose Cholesky fails is retried with 10x its damping this many times
 
-def block_size(n: int, split_dim: int | None, max_dim: int | None = None) -> int:
-    """A factor smaller than split_dim is one block of its own size (as in MindSpore); one wider than
-    `max_dim` is kept as its diagonal (blocks of 1: Shampoo's and SOAP's max_preconditioner_dim rule)."""
-    if max_dim is not None and n > max_dim:
-        return 1
+
+def block_size(n: int, split_dim: int | None) -> int:
+    """A factor smaller than split_dim is one block of its own size (as in MindSpore)."""
     return n if split_dim is None else min(n, split_dim)
 
 
@@ -48,15 +47,8 @@ def _cholesky_inverse(blocks: Tensor, damping: float, max_retries: int) -> tuple
     return torch.cholesky_inverse(chol), retries
 
 
-def _eigen_inverse(blocks: Tensor, damping: float) -> Tensor:
-    """Inverse through an eigendecomposition; eigenvalues are clamped at 0 (factors are PSD up to
-    rounding), so it never fails for positive damping."""
-    evals, evecs = torch.linalg.eigh(blocks)
-    return (evecs / (evals.clamp_min(0) + damping).unsqueeze(-2)) @ evecs.transpose(-1, -2)
-
-
-def damped_inverse(blocks: Tensor, n: int, damping: float, scale: float, method: str = "cholesky",
-                   max_retries: int = 3) -> tuple[Tensor, int]:
+def damped_inverse(blocks: Tensor, n: int, damping: float, scale: float,
+                   max_retries: int = MAX_DAMPING_RETRIES) -> tuple[Tensor, int]:
     """scale * (blocks + damping*I)^-1 for the (g, nb, b, b) diagonal blocks of an n x n factor (the
     padding beyond n becomes identity); also returns the Cholesky retries used."""
     g, nb, b, _ = blocks.shape
@@ -66,10 +58,7 @@ def damped_inverse(blocks: Tensor, n: int, damping: float, scale: float, method:
         idx = torch.arange(b - pad, b, device=blocks.device)
         blocks[:, -1, idx, idx] += 1.0
     flat = blocks.reshape(-1, b, b)
-    if method == "eigen":
-        inv, retries = _eigen_inverse(flat, damping), 0
-    else:
-        inv, retries = _cholesky_inverse(flat, damping, max_retries)
+    inv, retries = _cholesky_inverse(flat, damping, max_retries)
     return (inv * scale).reshape(g, -1, *inv.shape[-2:]), retries
 
 

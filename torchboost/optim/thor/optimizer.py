@@ -3,12 +3,12 @@
 Usage in a plain loop (no model conversion):
 
     opt = THOR(model, lr=get_thor_lr(...), damping=get_thor_damping(...), weight_decay=5e-4)
+    opt = THOR(model, 0.1, ThorOptions(damping=0.1, frequency=10), weight_decay=5e-4)  # options as one object
     loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
 
 Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor
 pair per group, the natural block-diagonal structure of a grouped conv) and Linear weight is
-preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); with `batchnorm="unit_wise"` each
-BatchNorm channel's (scale, shift) gradient by its damped 2x2 Fisher inverse; biases, Conv1d/3d and
+preconditioned as G^-1 grad A^-1 (MindSpore's damping and 1/T rules); biases, BatchNorm, Conv1d/3d and
 everything else get plain momentum SGD. Then g += weight_decay * w; v = momentum * v + g; w -= lr * v.
 
 A module called several times per forward pools the statistics of all calls (T counts the positions of
@@ -22,10 +22,11 @@ import math
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from torchboost.errors import ConfigError
-from torchboost.optim.thor.args import Schedule, Value, check_thor_options
+from torchboost.optim.thor.args import Schedule, ThorArgs, ThorOptions, Value, check_thor_args, thor_options
 from torchboost.optim.closure import evaluate_closure
 from torchboost.optim.lr import follow_schedule
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
@@ -33,21 +34,27 @@ from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPre
 
 class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     """Trace-based Hardware-driven layer-ORiented natural gradient (Chen et al., AAAI 2021): a
-    `ThorPreconditioner` (curvature, refresh, damping, split, distributed, AMP; its keyword arguments are
-    accepted here) followed by MindSpore's momentum update.
+    `ThorPreconditioner` followed by MindSpore's momentum update.
 
-    `decay_filter(name) -> bool` (False = no weight decay for that parameter); `loss_scale` is a fixed
-    loss scale the caller applies (a FixedGradScaler): gradients are divided by it, G by its square. The damping has one source, the preconditioner's schedule: `opt.preconditioner.damping_at()`
-    reads it, `opt.preconditioner.set_damping(...)` replaces it.
+    `lr`: a float (torch's lr schedulers act on it), a per-update array or a callable of the update index.
+    `options` / `**overrides`: the curvature options, a `ThorOptions` and/or its fields by name (its fields'
+    helps say what each does). THOR's own SGD: `momentum`, `weight_decay` (added to the preconditioned
+    gradient, MindSpore's order), `nesterov`, `decay_filter(name) -> bool` (False = no weight decay for that
+    parameter). Python-only, passed to the preconditioner: `accumulation_steps`, `grad_scaler`, `process_group`.
+    The options' `loss_scale` is a fixed loss scale the caller applies (a FixedGradScaler): gradients are
+    divided by it, G by its square. The damping has one source, the preconditioner's schedule:
+    `opt.preconditioner.damping_at()` reads it, `opt.preconditioner.set_damping(...)` replaces it.
     """
 
-    def __init__(self, model: nn.Module, lr: Schedule, damping: Schedule, momentum: float = 0.9,
-                 weight_decay: float = 0.0, frequency: int = 100, split_dim: int | None = 128,
-                 loss_scale: float = 1.0, *, decay_filter: Callable[[str], bool] | None = None,
-                 nesterov: bool = False, **preconditioner: Any) -> None:
-        check_thor_options(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
-                                decay_filter=decay_filter, **preconditioner))
-        self.preconditioner = ThorPreconditioner(model, damping, frequency, split_dim, loss_scale, **preconditioner)
+    def __init__(self, model: nn.Module, lr: Schedule, options: ThorOptions | None = None, *, momentum: float = 0.9,
+                 weight_decay: float = 0.0, nesterov: bool = False, decay_filter: Callable[[str], bool] | None = None,
+                 accumulation_steps: int = 1, grad_scaler: torch.amp.GradScaler | None = None,
+                 process_group: dist.ProcessGroup | None = None, **overrides: Any) -> None:
+        check_thor_args(dict(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                             decay_filter=decay_filter))
+        self.preconditioner = ThorPreconditioner(model, thor_options(options, overrides, ThorArgs),
+                                                 accumulation_steps=accumulation_steps, grad_scaler=grad_scaler,
+                                                 process_group=process_group)
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             if p.requires_grad:
@@ -61,24 +68,21 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             follow_schedule(self, schedule, lambda: self.update_index)
 
     # the preconditioner's state, read through the optimizer (schedules and tests use them)
+    options = property(lambda self: self.preconditioner.options, doc="The curvature options (a ThorOptions).")
     layers = property(lambda self: self.preconditioner.layers)
     counters = property(lambda self: self.preconditioner.counters)
     update_index = property(lambda self: self.preconditioner.update_index,
                             doc="Index of the next update (what lr/damping schedules are evaluated at).")
-    split_dim = property(lambda self: self.preconditioner.split_dim)
-    loss_scale = property(lambda self: self.preconditioner.loss_scale)
-    inv_interval = property(lambda self: self.preconditioner.inv_interval)
-    factor_interval = property(lambda self: self.preconditioner.factor_interval)
 
     # ---- the update ---------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
-        graft = self.preconditioner.graft
+        graft = self.options.graft
         if graft == "sgd_step":  # SGD's own momentum of the plain gradients, taken before they are preconditioned
             for group in self.param_groups:
                 self._graft_momentum(group)
-        self.preconditioner.step(self.param_groups[0]["lr"])
+        self.preconditioner.step()
         for group in self.param_groups:
             self._sgd_update(group, graft)
         return loss
@@ -89,7 +93,7 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            g = p.grad / self.loss_scale
+            g = p.grad / self.options.loss_scale
             if group["weight_decay"]:
                 g = g.add(p, alpha=group["weight_decay"])
             state = self.state[p]
@@ -109,7 +113,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             if p.grad.is_sparse:
                 raise ConfigError("THOR does not support sparse gradients", "use dense embeddings/layers")
             params.append(p)
-            grads.append(p.grad if self.loss_scale == 1.0 else p.grad / self.loss_scale)
+            scale = self.options.loss_scale
+            grads.append(p.grad if scale == 1.0 else p.grad / scale)
             bufs.append(self.state[p].get("momentum_buffer"))
         if not params:
             return
