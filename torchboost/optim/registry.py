@@ -24,7 +24,7 @@ from torchboost.errors import ConfigError, suggest
 from torchboost.optim.groups import param_groups
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.thor import THOR, thor_muon
-from torchboost.optim.thor.args import ThorOptions
+from torchboost.optim.thor.args import EKFAC_DECAY, ThorOptions
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,13 @@ def _thor(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
                 decay_filter=exempt, accumulation_steps=a.accumulation_steps)
 
 
+def _thor_ekfac(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    """THOR with EKFAC's eigenvalue correction: optim.thor.ekfac_decay, EKFAC_DECAY when unset."""
+    if a.options.ekfac_decay is None:
+        a = dataclasses.replace(a, options=dataclasses.replace(a.options, ekfac_decay=EKFAC_DECAY))
+    return _thor(model, a)
+
+
 def _thor_muon(model: nn.Module, a: OptimizerArgs, row_beta: float | None = None) -> torch.optim.Optimizer:
     return thor_muon(model, a.lr, a.options, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
                      row_beta=row_beta, accumulation_steps=a.accumulation_steps)
@@ -158,6 +165,10 @@ register(OptimizerEntry("normuon", "NorMuon: Muon with each neuron's update norm
                         "step norm", _normuon, momentum=0.95, nesterov=True))
 register(OptimizerEntry("thor", "THOR: MindSpore's second-order optimizer (K-FAC natural gradient + momentum SGD)",
                         _thor, momentum=0.9, nesterov=False, decay_bn_and_bias=True, **THOR_OPTIONS))
+register(OptimizerEntry("thor_ekfac", "eigenvalue-corrected THOR (EKFAC, George et al. 2018): the gradient in the "
+                        "eigenbasis of THOR's factors divided by its running second moment, + momentum SGD (options: "
+                        f"optim.thor; ekfac_decay unset: {EKFAC_DECAY})", _thor_ekfac, momentum=0.9, nesterov=False,
+                        decay_bn_and_bias=True, **THOR_OPTIONS))
 register(OptimizerEntry("thor_muon", "Muon on THOR-preconditioned gradients (options: optim.thor)", _thor_muon,
                         momentum=0.95, nesterov=True, **THOR_OPTIONS))
 register(OptimizerEntry("thor_normuon", "NorMuon on THOR-preconditioned gradients (options: optim.thor)",

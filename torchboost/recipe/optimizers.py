@@ -172,6 +172,7 @@ RACE_POLICY: dict[str, RacePolicy] = {
     "thor": RacePolicy(family=THOR_FAMILY),
     "thor_muon": RacePolicy(family=THOR_FAMILY, by_default=False),
     "thor_normuon": RacePolicy(family=THOR_FAMILY, by_default=False),
+    "thor_ekfac": RacePolicy(family=THOR_FAMILY, by_default=False),
 }
 
 

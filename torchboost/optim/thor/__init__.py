@@ -2,11 +2,11 @@
 
 One concern per module: `args` declares the options (`ThorOptions`, the one list of them) and checks them
 (`check_thor_options`), `factors` captures layer inputs/output gradients (hooks), `inverse` builds the damped
-block-split inverses, `layer` holds one preconditioned layer's state, `distributed` averages factors and
-shares inverses across ranks, `schedules` are MindSpore's lr/damping generators, `preconditioner` is the
-curvature applied to `.grad` before any optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum
-update built on it, and `wrap` puts the preconditioner in front of any optimizer as one Optimizer
-(`ThorPreconditioned`, `thor_muon`).
+block-split inverses, `eigen` EKFAC's block eigenbases and second moment (option `ekfac_decay`), `layer` holds
+one preconditioned layer's state, `distributed` averages factors and shares inverses across ranks, `schedules`
+are MindSpore's lr/damping generators, `preconditioner` is the curvature applied to `.grad` before any
+optimizer (`ThorPreconditioner`), `optimizer` is THOR's momentum update built on it, and `wrap` puts the
+preconditioner in front of any optimizer as one Optimizer (`ThorPreconditioned`, `thor_muon`).
 """
 
 from torchboost.optim.thor.args import ThorOptions, check_thor_options

@@ -70,6 +70,9 @@ _TRACE_SKIP = "trace-based refresh skipping was never shown to pay in a race"
 _FIRST_ORDER = Removed(f"{_NO_GAIN}; damping_decay above 1 fades THOR into its first-order update")
 
 
+EKFAC_DECAY = 0.95  # the thor_ekfac optimizer's ekfac_decay when the options leave it unset
+
+
 @dataclass
 class ThorOptions:
     """THOR's curvature options (ThorPreconditioner, THOR, thor_muon; a recipe's `optim.thor`): defaults, rules
@@ -92,6 +95,13 @@ class ThorOptions:
                                                             "refresh; unset: the whole batch")
     split_indices: Optional[list[int]] = option(None, ge=0, help="multi-process: layer indices where the "
                                                                  "inverses' all-reduce groups split")
+    ekfac_decay: Optional[float] = option(None, ge=0, le=1, help="eigenvalue-corrected THOR (EKFAC, George et al. "
+                                                                 "2018): a refresh keeps the factors' eigenbases, "
+                                                                 "and every update divides the gradient in them by "
+                                                                 "a running second moment with this decay (1: "
+                                                                 "never updated, the Kronecker eigenvalues); unset: "
+                                                                 "THOR's inverses (optimizer thor_ekfac: "
+                                                                 f"{EKFAC_DECAY})")
 
     REMOVED: ClassVar[dict[str, Removed]] = {
         "factor_interval": _ONE_FREQUENCY, "inv_interval": _ONE_FREQUENCY,

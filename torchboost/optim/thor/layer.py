@@ -1,4 +1,4 @@
-"""Per-layer THOR state: factors, inverses and refresh bookkeeping of one Conv2d/Linear."""
+"""Per-layer THOR state: factors, inverses (or EKFAC's eigenbases) and refresh bookkeeping of one Conv2d/Linear."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from torchboost.errors import CheckpointError
+from torchboost.optim.thor.eigen import EigenState, block_eigh
 from torchboost.optim.thor.factors import LayerCapture, factor_dtype
 from torchboost.optim.thor.inverse import block_shape, block_size, damped_inverse, precondition
 
@@ -23,7 +24,8 @@ _STATE_KEYS = ("A", "G", "T", "A_inv", "G_inv", "next_inverse", "refreshes")
 class ThorLayer:
     """Curvature state of one layer. A and G are the diagonal blocks (g, n_blocks, b, b) of the input and
     output-gradient factors (g = conv groups, b = split_dim or the whole size); inverses have the same
-    layout and already carry the conv sqrt(1/T) factor. `next_inverse`: the update of its next refresh."""
+    layout and already carry the conv sqrt(1/T) factor. `next_inverse`: the update of its next refresh. With
+    EKFAC (`ekfac_decay`) `eigen` holds the eigenbases and second moment instead of the inverses."""
 
     name: str
     module: nn.Module
@@ -35,6 +37,7 @@ class ThorLayer:
     G_inv: Tensor | None = None
     next_inverse: int = 0
     refreshes: int = 0
+    eigen: EigenState | None = None
     warned: bool = field(default=False, repr=False)
 
     @property
@@ -67,20 +70,48 @@ class ThorLayer:
         g_inv, rg = damped_inverse(self.G, n_out, d, s)
         return a_inv, g_inv, ra + rg
 
+    def eigenbases(self) -> tuple[Tensor, Tensor, int]:
+        """EKFAC's refresh: the block eigenbases Q_A, Q_G of the factors (no retries: eigh needs no damping)."""
+        assert self.A is not None and self.G is not None
+        n_in, n_out = self.sizes
+        return block_eigh(self.A, n_in)[1], block_eigh(self.G, n_out)[1], 0
+
+    def set_eigenbases(self, q_a: Tensor, q_g: Tensor) -> None:
+        """EKFAC's state from fresh eigenbases of the current factors (s: their T-scaled Kronecker eigenvalues)."""
+        n_in, n_out = self.sizes
+        self.eigen = EigenState.from_bases(q_a, q_g, self.A, self.G, self.T, n_in, n_out)
+
+    def _plain(self) -> bool:
+        """True (warning once) while the layer has no curvature yet: its gradient stays as it is."""
+        if self.A_inv is not None and self.G_inv is not None or self.eigen is not None:
+            return False
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"THOR: layer '{self.name}' has no curvature estimate yet (not run with "
+                          "gradients on a refresh step); it gets the plain gradient", stacklevel=4)
+        return True
+
     def precondition(self, grad: Tensor) -> Tensor:
         """G^-1 grad A^-1 on the weight gradient (reshaped to groups x out x in), in factor precision."""
-        if self.A_inv is None or self.G_inv is None:
-            if not self.warned:
-                self.warned = True
-                warnings.warn(f"THOR: layer '{self.name}' has no curvature estimate yet (not run with "
-                              "gradients on a refresh step); it gets the plain gradient", stacklevel=3)
+        if self._plain():
             return grad
         g = self.groups
         w = grad.reshape(g, grad.shape[0] // g, -1).to(self.A_inv.dtype)
         return precondition(w, self.G_inv, self.A_inv).reshape(grad.shape).to(grad.dtype)
 
+    def precondition_eigen(self, grad: Tensor, damping: float, decay: float, moment_scale: float) -> Tensor:
+        """EKFAC's Q_G (W' / (s + damping)) Q_A^T, its second moment updated first (`eigen.EigenState`)."""
+        if self._plain():
+            return grad
+        g = self.groups
+        w = grad.reshape(g, grad.shape[0] // g, -1).to(self.eigen.s.dtype)
+        return self.eigen.precondition(w, damping, decay, moment_scale).reshape(grad.shape).to(grad.dtype)
+
     def state(self) -> dict:
-        return {k: getattr(self, k) for k in _STATE_KEYS}
+        state = {k: getattr(self, k) for k in _STATE_KEYS}
+        if self.eigen is not None:
+            state["eigen"] = self.eigen.state()
+        return state
 
     def load(self, state: dict) -> None:
         device, dtype = self.module.weight.device, factor_dtype(self.module.weight)
@@ -94,6 +125,9 @@ class ThorLayer:
                                           f"expected {tuple(want)}", "use the split_dim the state was saved with")
                 v = v.to(device=device, dtype=dtype)
             setattr(self, k, v)
+        eigen, n_in, n_out = state.get("eigen"), *self.sizes
+        shapes = dict(Q_A=a_shape, Q_G=g_shape, s=torch.Size((self.groups, n_out, n_in)))
+        self.eigen = None if eigen is None else EigenState.load(eigen, shapes, device, dtype, f"layer '{self.name}'")
 
 
 def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[], float],

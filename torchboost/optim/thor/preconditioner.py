@@ -7,7 +7,8 @@
 Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get one Kronecker factor pair
 per group) and Linear weight gradient becomes (G + sqrt(l) I)^-1 grad (A + sqrt(l) I)^-1 (MindSpore's
 rules: conv 1/T damping, `split_dim` blocks); every other gradient is left as it is. `THOR` is this plus
-MindSpore's momentum update.
+MindSpore's momentum update. With `ekfac_decay` set, a refresh keeps the factors' eigenbases instead and every
+update rescales the gradient in them by a running second moment (EKFAC: `eigen`).
 
 A module called several times per forward pools the statistics of all calls. A module not run with
 gradients on a refresh step has no curvature yet: its gradient stays plain (one-time warning) and its
@@ -52,15 +53,21 @@ class ThorPreconditioner:
                              local_inversions=0)
         self.update_index = 0  # index of the next update (what the damping schedule is evaluated at)
         self._forward_id = 0
+        self._samples = 0  # samples of the forwards with gradients since the last update (EKFAC's moment scale)
         self._pre_hook = model.register_forward_pre_hook(DetachedHook(self._count_forward))
         self.layers: dict[str, ThorLayer] = find_layers(model, self.options.split_dim, self._grad_scale,
                                                         lambda: self._forward_id, self.options.factor_samples)
         self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
         self._arm_capture()
 
+    _ekfac = property(lambda self: self.options.ekfac_decay is not None, doc="EKFAC's eigenbases, not inverses")
+
     # ---- hooks' view ------------------------------------------------------------------------------
     def _count_forward(self, module: nn.Module, inputs: tuple) -> None:
         self._forward_id += 1
+        if torch.is_grad_enabled():
+            x = next((v for v in inputs if isinstance(v, Tensor) and v.dim() > 0), None)
+            self._samples += 0 if x is None else x.shape[0]
 
     def _grad_scale(self) -> float:
         """What the backpropagated loss carries on top of one mean-reduced micro-batch loss."""
@@ -96,16 +103,33 @@ class ThorPreconditioner:
         if not damping > 0:
             raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
         self._refresh(k, damping)
+        decay, moment_scale = self.options.ekfac_decay, self._moment_scale()
         for p, layer in self.layer_of.items():
             if p.grad is not None:
                 if p.grad.is_sparse:
                     raise ConfigError("THOR does not support sparse gradients", "use dense layers")
-                g = layer.precondition(p.grad)
+                g = (layer.precondition(p.grad) if decay is None
+                     else layer.precondition_eigen(p.grad, damping, decay, moment_scale))
                 if self.options.graft == "grad":
                     g = g * (p.grad.norm() / g.norm().clamp_min(torch.finfo(g.dtype).tiny))
                 p.grad.copy_(g)
         self.update_index += 1
         self._arm_capture()
+
+    def _moment_scale(self) -> float:
+        """EKFAC's c in s <- beta s + (1 - beta) c W'^2: s is a per-sample Fisher (THOR's G holds per-sample output
+        gradients), W the gradient of loss_scale x the mean loss over the update's N samples (on every rank:
+        N = this rank's samples x ranks), so E[W'^2] ~ loss_scale^2 F' / N and c = N / loss_scale^2. N is
+        counted by the model's forward pre-hook (the first tensor argument's batch dimension)."""
+        samples, self._samples = self._samples, 0
+        decay = self.options.ekfac_decay
+        if decay is None or decay == 1.0:
+            return 1.0
+        if samples == 0:
+            raise ConfigError("THOR ekfac_decay needs the update's sample count, and the model's forwards with "
+                              "gradients took no tensor argument", "pass the batch to the model as a positional "
+                              "tensor, or leave ekfac_decay unset")
+        return samples * thor_dist.world_size(self.process_group) / self.options.loss_scale ** 2
 
     # ---- refresh: factors -> (average over ranks) -> inverses ------------------------------------------
     def _refresh(self, k: int, damping: float) -> None:
@@ -141,7 +165,7 @@ class ThorPreconditioner:
                 results.append(None)
                 continue
             try:
-                a_inv, g_inv, retries = l.invert(damping)
+                a_inv, g_inv, retries = l.eigenbases() if self._ekfac else l.invert(damping)
                 self.counters["damping_retries"] += retries
                 self.counters["local_inversions"] += 1
                 results.append((a_inv, g_inv))
@@ -154,14 +178,17 @@ class ThorPreconditioner:
                                                w.device, self.process_group)
         for l, r in zip(todo, results):
             l.next_inverse = k + self.options.frequency
-            if r is not None:  # a failed inversion keeps the previous inverse instead of NaN
-                l.A_inv, l.G_inv = r
+            if r is not None:  # a failed inversion keeps the previous inverse (EKFAC: eigenbases) instead of NaN
+                if self._ekfac:
+                    l.set_eigenbases(*r)
+                else:
+                    l.A_inv, l.G_inv = r
                 l.refreshes += 1
                 self.counters["refreshes"] += 1
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"update": self.update_index, "counters": dict(self.counters),
+        return {"update": self.update_index, "counters": dict(self.counters), "ekfac": self._ekfac,
                 "layers": {name: l.state() for name, l in self.layers.items()}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -172,6 +199,10 @@ class ThorPreconditioner:
         if missing:
             raise CheckpointError(f"THOR state does not match the model's layers: {sorted(missing)[:5]}",
                                   "load the optimizer state saved for this model")
+        if bool(state.get("ekfac", False)) != self._ekfac:
+            saved, this = ("EKFAC", "THOR's inverses") if state.get("ekfac") else ("THOR's inverses", "EKFAC")
+            raise CheckpointError(f"THOR state holds {saved} and this optimizer uses {this}",
+                                  "load it with the ekfac_decay setting (thor or thor_ekfac) it was saved with")
         self.update_index = int(state["update"])
         self.counters = {k: int(state["counters"].get(k, 0)) for k in self.counters}
         for name, l in self.layers.items():
