@@ -9,8 +9,9 @@ best lr.
     .venv/bin/python benchmarks/race.py --racers muon "thor[graft=grad]" thor_muon --lr muon=0.02
     .venv/bin/python benchmarks/race.py --task resnet20/mnist5k/b128 --racers muon@8 muon@10 --lr muon@8=0.01,0.02
 
-Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Beyond
-the CLI's racers: THOR variants with extra options, e.g. `thor[graft=grad]`, `thor_muon[factor_samples=64]`.
+Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Variants
+with extra options (`thor[graft=grad]`, `thor_muon[factor_samples=64]`) are `torchboost race`'s own
+(`recipe.race.variant_racer`); beyond the CLI: `muon-all-convs` (Muon on the input conv too).
 Prints the table, then per THOR racer one line "THOR/best-other seconds-to-target".
 """
 
@@ -28,8 +29,8 @@ from torch import nn
 from torchboost.optim import muon_optimizer
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
-from torchboost.recipe.optimizers import race_policy, thor_per_update
-from torchboost.recipe.race import Racer, budget_racers, builtin_racer, parse_budgets, parse_lr_grids, run_race
+from torchboost.recipe.optimizers import race_policy, thor_per_update, typed_section
+from torchboost.recipe.race import Racer, budget_racers, parse_budgets, parse_lr_grids, run_race, variant_racer
 from torchboost.recipe.race_select import pooled_lanes
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, plot,
                                            summarize, write_results)
@@ -61,24 +62,15 @@ TASKS = {
 }
 
 
-def option_variant(name: str, base: str, cfg, lrs, **extra) -> Racer:
-    """A registered THOR-family optimizer with the task's `optim.thor` plus `extra` (a variant being measured):
-    built by the same registry entry as `torchboost train`."""
-    thor = dataclasses.replace(cfg.optim.options["thor"], **extra)
-    optim = dataclasses.replace(cfg.optim, options={**cfg.optim.options, "thor": thor})
-    racer = builtin_racer(base, dataclasses.replace(cfg, optim=optim), lrs)
-    return dataclasses.replace(racer, name=name)
-
-
 def muon_all_convs(name: str, cfg, lrs, **thor: object) -> Racer:
     """Muon with the input conv on Muon too (the issue's Muon setup; `muon` keeps it on AdamW as Muon's
     authors recommend); `thor_muon-all-convs[...]`: the same on THOR-preconditioned gradients."""
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         if not name.startswith("thor"):
             return muon_optimizer(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon")
-        options = dataclasses.replace(cfg.optim.options["thor"], **thor)
-        kw = dataclasses.asdict(thor_per_update(options, steps, epochs))
-        return thor_muon(model, lr, weight_decay=cfg.optim.weight_decay, input_layer="muon", **kw)
+        options = typed_section("thor", {**dataclasses.asdict(cfg.optim.options["thor"]), **thor})
+        return thor_muon(model, lr, thor_per_update(options, steps, epochs), weight_decay=cfg.optim.weight_decay,
+                         input_layer="muon")
     return Racer(name, lrs or race_policy("muon").lr_grid, build)
 
 
@@ -93,12 +85,10 @@ def make_racer(name: str, cfg, lrs) -> Racer:
             raise SystemExit(f"error: racer {name!r} names {len(epochs)} budgets — write one racer per budget")
         return budget_racers(make_racer(spec, cfg, lrs), epochs)[0]
     base, _, opts = name.partition("[")
-    extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
     if base.endswith("muon-all-convs"):
+        extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
         return muon_all_convs(name, cfg, lrs, **extra)
-    if extra:
-        return option_variant(name, base, cfg, lrs, **extra)
-    return builtin_racer(base, cfg, lrs)
+    return variant_racer(name, cfg, lrs)  # `thor[graft=grad]`: what `torchboost race` races under that name
 
 
 def main() -> None:

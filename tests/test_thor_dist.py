@@ -31,25 +31,51 @@ def data(k: int):
     return torch.randn(BATCH, 2, 9, 9, generator=g, dtype=torch.float64), torch.randint(0, 3, (BATCH,), generator=g)
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def train(opt: THOR, model: nn.Module, shard: slice = slice(None)) -> None:
+    """STEPS updates of `opt` on `model`, each on `shard` of that update's batch."""
+    for k in range(STEPS):
+        x, y = data(k)
+        opt.zero_grad()
+        F.cross_entropy(model(x[shard]), y[shard]).backward()
+        opt.step()
+
+
+def rank_net(rank: int, world: int, port: int) -> tuple[nn.Module, DistributedDataParallel, slice]:
+    """This rank's process group, the test's net, its DDP wrapper and the rank's share of each batch."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     net = make_net()
-    ddp = DistributedDataParallel(net)
-    opt = THOR(ddp, **OPTS)
-    shard = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-    for k in range(STEPS):
-        x, y = data(k)
-        opt.zero_grad()
-        F.cross_entropy(ddp(x[shard]), y[shard]).backward()
-        opt.step()
-    layers = {name.removeprefix("module."): (l.A, l.G, l.A_inv) for name, l in opt.layers.items()}
-    torch.save({"params": net.state_dict(), "layers": layers, "counters": opt.counters},
-               Path(out) / f"{rank}.pt")
-    del opt, ddp
+    return net, DistributedDataParallel(net), slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+
+
+def finish_rank(out: str, rank: int, result: dict) -> None:
+    torch.save(result, Path(out) / f"{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def spawn_ranks(worker, out: Path, world: int = 2) -> list[dict]:
+    """Run `worker(rank, world, port, out)` in `world` spawned processes (killed if they hang); their results."""
+    ctx = mp.start_processes(worker, args=(world, _free_port(), str(out)), nprocs=world, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + 120
+    try:
+        while not ctx.join(timeout=1):
+            assert time.monotonic() < deadline, "distributed THOR workers hung"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [torch.load(out / f"{r}.pt", weights_only=True) for r in range(world)]
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    net, ddp, shard = rank_net(rank, world, port)
+    opt = THOR(ddp, **OPTS)
+    train(opt, ddp, shard)
+    layers = {name.removeprefix("module."): (l.A, l.G, l.A_inv) for name, l in opt.layers.items()}
+    finish_rank(out, rank, {"params": net.state_dict(), "layers": layers, "counters": opt.counters})
 
 
 def _free_port() -> int:
@@ -61,26 +87,10 @@ def _free_port() -> int:
 @pytest.mark.dist
 @pytest.mark.slow
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
-    ctx = mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            assert time.monotonic() < deadline, "distributed THOR workers hung"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-
+    ranks = spawn_ranks(_worker, tmp_path)
     net = make_net()
     opt = THOR(net, **OPTS)
-    for k in range(STEPS):
-        x, y = data(k)
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-
-    ranks = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2)]
+    train(opt, net)
     for r in ranks:
         for name, p in net.state_dict().items():
             torch.testing.assert_close(r["params"][name], p, rtol=1e-9, atol=1e-12)

@@ -9,19 +9,13 @@ eigen.py's block layout, padding or batched matmuls.
 import copy
 import io
 import math
-import time
-from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from scipy.linalg import block_diag
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from thor_nets import batch, linear_stats, mlp, train_step
 from torchboost.errors import CheckpointError, ConfigError
@@ -339,51 +333,24 @@ def test_registry_entry_turns_ekfac_on():
 
 # ---- torch.distributed: every rank computes the same eigenvalues from the owner's eigenbases ----------------
 def _dist_worker(rank: int, world: int, port: int, out: str) -> None:
-    from test_thor_dist import BATCH, OPTS, STEPS, data, make_net  # the THOR test's problem, with EKFAC on
+    from test_thor_dist import OPTS, finish_rank, rank_net, train  # the THOR test's problem, with EKFAC on
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    net = make_net()
-    ddp = DistributedDataParallel(net)
+    net, ddp, shard = rank_net(rank, world, port)
     opt = THOR(ddp, **OPTS, ekfac_decay=0.9)
-    shard = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
-    for k in range(STEPS):
-        x, y = data(k)
-        opt.zero_grad()
-        F.cross_entropy(ddp(x[shard]), y[shard]).backward()
-        opt.step()
-    torch.save({"params": net.state_dict(), "counters": opt.counters,
-                "s": {name.removeprefix("module."): l.eigen.s for name, l in opt.layers.items()}},
-               Path(out) / f"{rank}.pt")
-    del opt, ddp
-    dist.barrier()
-    dist.destroy_process_group()
+    train(opt, ddp, shard)
+    finish_rank(out, rank, {"params": net.state_dict(), "counters": opt.counters,
+                            "s": {name.removeprefix("module."): l.eigen.s for name, l in opt.layers.items()}})
 
 
 @pytest.mark.dist
 @pytest.mark.slow
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
-    from test_thor_dist import OPTS, STEPS, _free_port, data, make_net
+    from test_thor_dist import OPTS, make_net, spawn_ranks, train
 
-    ctx = mp.start_processes(_dist_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            assert time.monotonic() < deadline, "distributed EKFAC workers hung"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    ranks = spawn_ranks(_dist_worker, tmp_path)
     net = make_net()
     opt = THOR(net, **OPTS, ekfac_decay=0.9)
-    for k in range(STEPS):
-        x, y = data(k)
-        opt.zero_grad()
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-    ranks = [torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2)]
+    train(opt, net)
     for r in ranks:
         for name, p in net.state_dict().items():
             torch.testing.assert_close(r["params"][name], p, rtol=1e-9, atol=1e-12)
