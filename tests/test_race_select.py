@@ -225,6 +225,9 @@ def test_a_variant_racer_is_the_config_train_would_run():
         variant_racer("sgd[weight_norm=pinned]", cfg)
     with pytest.raises(ConfigError, match="not NAME"):
         variant_racer("sgd[weight_norm=pin", cfg)
+    for key in ("lr=1", "name=thor"):  # set by the race for every lane: a variant's value would be overruled
+        with pytest.raises(ConfigError, match="which the race sets"):
+            variant_racer(f"sgd[{key}]", cfg)
 
 
 def test_when_no_lr_reaches_a_target_the_one_that_learned_most_is_chosen():

@@ -45,6 +45,7 @@ from torchboost.train.step import TrainStep, prepare_input
 BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
 # Fewer updates per epoch and a ranking reflects the first few steps (and the lr warm-up), not the optimizers.
 MIN_UPDATES = 10
+RACE_SETS = ("name", "lr")  # optim keys the race itself sets for every racer (variant_racer refuses them)
 
 
 @dataclass
@@ -134,6 +135,9 @@ def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) ->
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"racer {spec[:80]!r}: {item!r} is not KEY=VALUE", "e.g. thor[graft=muon_step]")
+        if key.strip() in RACE_SETS:  # the race sets these per lane: a variant's value would be silently overruled
+            raise ConfigError(f"racer {spec[:80]!r} sets optim.{key.strip()}, which the race sets for every racer",
+                              "give the lr with --lr NAME=LR, the optimizer by the racer's name")
         where = f"optim.{entry.options_key}." if key.strip() in own else "optim."
         merge(variant, parse_override(f"{where}{key.strip()}={value}"))
     validate(variant)
