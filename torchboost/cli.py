@@ -292,7 +292,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .optim.registry import OPTIMIZERS
     from .recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, racer_base, run_race, variant_racer
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
-    from .recipe.race_select import check_fresh_seeds, check_same_task, pooled_lanes, read_race, selections
+    from .recipe.race_select import check_fresh_seeds, check_same_task, frozen_racers, read_race, selections
     from .train.device import device_name
 
     if args.report:
@@ -331,9 +331,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
                      "with --frozen OUTPUT/race.json on fresh seeds")
     print("\n".join(lines))  # what is raced, before the first of many runs
     if chosen is not None:
-        # each at the budget its selection chose (a racer selected without one: --epochs, as in the selection)
-        racers = [budget_racers(variant_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
-                  for s in chosen]
+        racers = frozen_racers(chosen, cfg)
         print("frozen: " + ", ".join(f"{r.name} lr {r.lrs[0]:g}" for r in racers))
     else:
         if args.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
@@ -381,7 +379,7 @@ def _race_report(args: argparse.Namespace) -> int:
     """`race --report FILE...`: the table of saved races, pooled (`recipe.race_select.pooled_lanes`), without
     training; with --output also the pooled race.json and race.png."""
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
-    from .recipe.race_select import pooled_lanes, read_race
+    from .recipe.race_select import pooled_lanes, pooled_settings, read_race
 
     lanes = pooled_lanes([Path(p) for p in args.report])
     settings = read_race(Path(args.report[0]))["settings"]
@@ -395,9 +393,7 @@ def _race_report(args: argparse.Namespace) -> int:
     if args.output:
         out = Path(args.output)
         check_output_folder(out)
-        seeds = sorted({l.seed for l in lanes})  # what a --frozen confirmation must stay clear of: all of them
-        meta = {**settings, "pooled": list(args.report), "first_seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1}
-        json_path, png = write_results(lanes, summary, meta, out)
+        json_path, png = write_results(lanes, summary, pooled_settings(settings, lanes, args.report), out)
         print(f"results: {json_path}; plot: {png}")
     return 0
 

@@ -22,7 +22,8 @@ from torchboost.errors import ConfigError
 from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain
-from torchboost.recipe.race import Lane, racer_base
+from torchboost.recipe.config import Config
+from torchboost.recipe.race import Lane, Racer, budget_racers, racer_base, variant_racer
 from torchboost.recipe.race_report import reach_key
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
@@ -88,6 +89,20 @@ def selections(data: dict, source: str) -> list[Selection]:
         if name not in best or key < best[name][0]:
             best[name] = (key, pick)
     return [s for _, s in best.values()]
+
+
+def frozen_racers(chosen: Sequence[Selection], cfg: Config) -> list[Racer]:
+    """Each selection as one racer at its lr, on the budget its selection chose (one selected without a budget
+    races the race's epochs, as in the selection)."""
+    return [budget_racers(variant_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
+            for s in chosen]
+
+
+def pooled_settings(settings: dict, lanes: Sequence[Lane], paths: Sequence[str]) -> dict:
+    """A pooled race's settings: the first file's, with the files named and the span of every seed pooled (what
+    a --frozen confirmation must stay clear of)."""
+    seeds = sorted({l.seed for l in lanes}) or [0]
+    return {**settings, "pooled": [str(p) for p in paths], "first_seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1}
 
 
 def check_same_task(data: dict, source: str, recipe: str, overrides: Sequence[str], targets: Sequence[float]) -> None:
