@@ -5,6 +5,8 @@
 - `step()` / `step(closure)`: torch's. `needs_closure` says the step re-evaluates the loss itself (DimReduce's
   line search) and must be given a closure.
 - `compilable`: whether the step may be compiled with the rest of the update (`train.compile`).
+- `maskable`: whether an applied step can be undone by restoring the parameters and the `state_dict()`
+  tensors (`train.undo`: the skip policy and overflow checks without a host read).
 - `attach_grad_scaler(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
   backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
 - per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
@@ -32,6 +34,9 @@ class TrainerProtocol:
     # whether TrainStep may torch.compile the optimizer's step (StepOptions.compile): not for optimizers that
     # hook the model (THOR's capture hooks) or re-run the forward themselves
     compilable: ClassVar[bool] = True
+    # whether TrainStep may undo an applied step on the device by restoring the parameters and the tensors of
+    # state_dict(): not for optimizers with state elsewhere (THOR's factors and refresh counters, DimReduce's)
+    maskable: ClassVar[bool] = True
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""

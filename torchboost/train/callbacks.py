@@ -54,16 +54,19 @@ class LossMonitor(Callback):
 class TimeMonitor(Callback):
     """Per-epoch time, ms per update and images/s (data wait: `torchboost.train.profiling.DataStarvationMonitor`).
 
-    Reads what `Model.train` measured (the epoch's training time, updates and samples, all carried across
-    a resume), so a resumed epoch reports the whole epoch."""
+    The epoch's time is what `Model.train` measured (carried across a resume); ms per update is the device's
+    clock over the epoch's updates (`StepClock`: CUDA events, read here, not after each update) and images/s
+    the rate it gives to the epoch's images per update."""
 
     def on_train_epoch_end(self, state: TrainState) -> None:
         elapsed = state.eval_results["train_time_s"]
-        steps = max(state.step_in_epoch, 1)
-        images = state.epoch_samples * get_world_size()
+        # per update: the device's clock over this epoch's updates (CUDA events), else the epoch's wall time
+        per_update = state.clock.per_update_s() if state.clock is not None else None
+        per_update = per_update if per_update is not None else elapsed / max(state.step_in_epoch, 1)
+        images = int(state.epoch_samples) * get_world_size() / max(state.step_in_epoch, 1)  # per update
         lr = state.eval_results.get("lr")
-        state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {elapsed * 1000 / steps:.3f} ms, "
-                  f"{images / max(elapsed, 1e-9):.1f} images/s" + (f", lr {lr:.6g}" if lr is not None else ""))
+        state.log(f"epoch time: {elapsed * 1000:.1f} ms, per step time: {per_update * 1000:.3f} ms, "
+                  f"{images / max(per_update, 1e-12):.1f} images/s" + (f", lr {lr:.6g}" if lr is not None else ""))
 
 
 @dataclass

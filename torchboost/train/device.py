@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import torch
@@ -57,3 +58,37 @@ def cpu_has_bf16() -> bool:
     cpu = getattr(torch, "cpu", None)
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(cpu, c, lambda: False)() for c in checks)
+
+
+class StepClock:
+    """Times a run of updates without making the host wait: on CUDA an event recorded on the stream after each
+    update (the device's own clock), elsewhere the host's clock. Read at log time: `per_update_s` waits only
+    for the last event, which the log line's own reads wait for anyway."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.first: Optional[torch.cuda.Event | float] = None
+        self.last: Optional[torch.cuda.Event | float] = None
+        self.updates = 0
+
+    def mark(self) -> None:
+        """Call once before the first update and after each."""
+        if self.cuda:
+            now: torch.cuda.Event | float = torch.cuda.Event(enable_timing=True)
+            now.record()
+        else:
+            now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.updates += 1
+        self.last = now
+
+    def per_update_s(self) -> Optional[float]:
+        """Mean seconds per update between the first mark and the last (None before an update)."""
+        if not self.updates:
+            return None
+        if self.cuda:
+            self.last.synchronize()
+            return self.first.elapsed_time(self.last) / 1e3 / self.updates
+        return (self.last - self.first) / self.updates

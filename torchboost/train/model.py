@@ -21,7 +21,7 @@ from ..errors import CheckpointError, ConfigError, TrainingError, printable
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
 from .metrics import METRIC_NAMES, MetricAccumulator
-from .device import amp_dtype_for, cpu_has_bf16, resolve_device
+from .device import StepClock, amp_dtype_for, cpu_has_bf16, resolve_device
 from .step import StepOptions, TrainStep, prepare_input
 
 class Model:
@@ -157,6 +157,8 @@ class Model:
                 cb.on_train_epoch_begin(state)
             self.network.train()
             batches = iter(train_data)
+            state.clock = StepClock(self.device)
+            state.clock.mark()
             while True:
                 t0 = time.perf_counter()
                 window = list(itertools.islice(batches, k))
@@ -167,9 +169,10 @@ class Model:
                     out = self.train_step(window, state.global_step)
                 except TrainingError as e:  # say where, in the user's terms
                     raise TrainingError(f"epoch {epoch + 1} step {state.step_in_epoch + 1}: {e.what}", e.fix) from None
-                # No device sync here: the host queues the next update while the GPU runs this one. Step times
-                # are the host's, which the GPU's bounded queue paces once it is full (the epoch's time ends
-                # with the evaluation's reads, so it is the device's).
+                # No device sync here: the host queues the next update while the GPU runs this one. These step
+                # times are the host's, which the GPU's bounded queue paces once it is full; the device's own
+                # (CUDA events) are `state.clock`'s, read at log time
+                state.clock.mark()
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
                 if state.global_step == first_step and self.train_step.options.compile != "none":
                     state.log(f"compile={self.train_step.options.compile}: the first update took "
@@ -177,11 +180,7 @@ class Model:
                 state.step_in_epoch += 1
                 state.global_step += 1
                 state.samples_in_epoch += out.samples
-                if not out.nonfinite:  # a skipped non-finite update would turn the epoch's loss into NaN
-                    state.epoch_loss_sum = state.epoch_loss_sum + out.loss * out.samples
-                    state.epoch_samples += out.samples
-                    if out.correct is not None:
-                        state.epoch_correct = state.epoch_correct + out.correct
+                state.add_update(out)
                 for cb in callbacks:
                     cb.on_train_step_end(state)
                 if state.stop_training:
@@ -190,7 +189,8 @@ class Model:
                 self.train_step.flush_nonfinite(state.global_step - 1)
             except TrainingError as e:
                 raise TrainingError(f"epoch {epoch + 1}: {e.what}", e.fix) from None
-            state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summarize_epoch(state)}
+            summary = summarize_epoch(state)  # reads the device's sums: the queued updates are done after it
+            state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summary}
             if self.optimizer is not None and self.optimizer.param_groups:  # the lr the epoch's last update used
                 state.eval_results["lr"] = float(self.optimizer.param_groups[0]["lr"])
             if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):

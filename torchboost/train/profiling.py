@@ -2,9 +2,9 @@
 
 `ProfilerCallback`: a few updates recorded with torch.profiler into a TensorBoard trace (`--profile`).
 `DataStarvationMonitor`: on every run, data wait vs the whole update per epoch, and one warning (a note at the
-default of 0 loader workers) with concrete advice when the wait exceeds 5% of the step. Times come from
-`Model.train`, which synchronizes the GPU before reading the clock, so asynchronous kernels are not misread as
-data wait.
+default of 0 loader workers) with concrete advice when the wait exceeds 5% of the step. Times are the host's
+from `Model.train`, which does not wait for the GPU after each update: once the GPU's bounded queue is full the
+host's step time is paced by the device, and the data wait is the time the host spent getting the batch.
 """
 
 from __future__ import annotations

@@ -28,15 +28,31 @@ class TrainState:
     batch_size: int = 0  # samples per update on this process
     output: Optional[StepOutput] = None
     data_time: float = 0.0  # seconds waiting for the last update's batches
-    step_time: float = 0.0  # seconds for the whole last update, data wait included
+    step_time: float = 0.0  # host seconds for the whole last update, data wait included
+    clock: Any = None  # the epoch's StepClock: device time per update (CUDA events), read at log time
     eval_results: dict = field(default_factory=dict)
     epoch_loss_sum: Any = 0.0  # tensor sum over the epoch; synced only at epoch end
-    epoch_samples: int = 0
+    epoch_samples: Any = 0  # counted in the sums; a device tensor under deferred checks
     epoch_correct: Any = 0
     epoch_start: float = 0.0  # time.perf_counter() at the epoch's start (moved back on resume by the time spent)
     stop_training: bool = False
     log_fn: Any = print
     callbacks: list = field(default_factory=list)  # the run's callbacks (their state goes in checkpoints)
+
+    def add_update(self, out: StepOutput) -> None:
+        """Add an update to the epoch's sums, leaving out a non-finite one (it would make the epoch's loss NaN).
+        Under deferred checks the verdict is a device flag: the sums stay on the device, no host read."""
+        if isinstance(out.nonfinite, torch.Tensor):
+            keep = ~out.nonfinite
+            self.epoch_loss_sum = self.epoch_loss_sum + torch.where(keep, out.loss * out.samples, 0.0)
+            self.epoch_samples = self.epoch_samples + keep * out.samples
+            if out.correct is not None:
+                self.epoch_correct = self.epoch_correct + torch.where(keep, out.correct, 0)
+        elif not out.nonfinite:
+            self.epoch_loss_sum = self.epoch_loss_sum + out.loss * out.samples
+            self.epoch_samples += out.samples
+            if out.correct is not None:
+                self.epoch_correct = self.epoch_correct + out.correct
 
     def log(self, msg: str) -> None:
         self.log_fn(msg)
@@ -51,7 +67,7 @@ class TrainState:
         same fp32 values, so the resumed epoch's train metrics are bit-identical), or the initial numbers."""
         loss_sum, correct = (v.detach().cpu() if isinstance(v, torch.Tensor) else v
                              for v in (self.epoch_loss_sum, self.epoch_correct))
-        return {"loss_sum": loss_sum, "samples": self.epoch_samples, "correct": correct}
+        return {"loss_sum": loss_sum, "samples": int(self.epoch_samples), "correct": correct}
 
     def loss_is_finite(self) -> bool:
         """The last update's loss and the epoch's sum are finite (an update skipped as non-finite is not
@@ -90,7 +106,7 @@ def keyed_callbacks(callbacks: Sequence[Callback]) -> Iterator[tuple[str, Callba
 
 def summarize_epoch(state: TrainState) -> dict[str, Any]:
     """Train-side epoch metrics from the tensors accumulated during the epoch (one sync, at epoch end)."""
-    n = max(state.epoch_samples, 1)
+    n = max(int(state.epoch_samples), 1)
     out = {"train_loss": float(torch.as_tensor(state.epoch_loss_sum).item()) / n}
     if not isinstance(state.epoch_correct, (int, float)) or state.epoch_correct:
         out["train_top_1_accuracy"] = float(torch.as_tensor(state.epoch_correct).item()) / n

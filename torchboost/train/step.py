@@ -3,6 +3,10 @@
 forward (autocast) -> loss / n_micro -> scaled backward (no DDP sync until the last micro-batch)
 -> non-finite loss check (stop, or skip the update) -> unscale -> [overflow check] -> hooks.on_gradients
 -> clip -> hooks.before_optimizer -> optimizer.step -> hooks.after_optimizer -> scaler.update -> zero_grad -> EMA
+
+With `check_every` > 1 the host reads nothing between checks: the non-finite loss is noted on the device, and
+an update to skip (policy "skip", or an overflow under loss scaling) is applied and then undone on the device
+(`masked_update`, `train.undo`), the way GradScaler skips inside fused optimizers.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import torch
 from torch import nn
 
 from .. import dist
-from ..errors import ConfigError, TrainingError, suggest
+from ..errors import ConfigError, suggest
 from ..optim.lr import follows_schedule, set_lr
 from ..optim.protocol import protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import skips_overflow
+from .nonfinite import NonfiniteChecks
+from .undo import UpdateUndo
 
 
 def prepare_input(x: torch.Tensor, device: torch.device, channels_last: bool = False,
@@ -47,8 +53,10 @@ class StepOutput:
     loss: torch.Tensor  # mean loss over the update's samples (detached, fp32)
     samples: int
     correct: Optional[torch.Tensor] = None  # top-1 hits, when the step computes accuracy
-    skipped: bool = False  # update dropped: gradients overflowed, or the loss was non-finite
-    nonfinite: bool = False  # the loss was inf/NaN (the update was skipped; not counted in epoch sums)
+    # update dropped: gradients overflowed, or the loss was non-finite. With deferred checks (check_every > 1)
+    # both are 0-d bool tensors on the device, read only by whoever prints them
+    skipped: bool | torch.Tensor = False
+    nonfinite: bool | torch.Tensor = False  # the loss was inf/NaN (not counted in the epoch's sums)
 
 
 NONFINITE_POLICIES = ("stop", "skip")
@@ -74,8 +82,9 @@ class StepOptions:
     input_norm: Optional[tuple[Sequence[float], Sequence[float]]] = None  # (mean, std) for uint8 batches
     nonfinite: str = "stop"  # a non-finite loss: "stop" before applying it, or "skip" the update
     max_nonfinite_steps: int = 0  # with "skip": consecutive skipped updates allowed
-    # with "stop": the host reads the loss's finiteness every this many updates (and at `flush_nonfinite`), not
-    # after each: between reads the step queues work without waiting for the device (a GPU's queue stays full)
+    # the host reads the loss's finiteness every this many updates (and at `flush_nonfinite`), not after each:
+    # between reads the step queues work without waiting for the device (a GPU's queue stays full). "stop" then
+    # names the first bad update at the check; "skip" and loss-scale overflows undo the update on the device
     check_every: int = 1
     # torch.compile the forward + loss (its backward through AOTAutograd) and the optimizer's step: none,
     # default, max-autotune or cudagraphs (inductor with CUDA graphs); hooks, clipping and EMA stay eager
@@ -118,20 +127,33 @@ class TrainStep:
         self.ema, self.hooks, self.lr_schedule = o.ema, list(o.hooks), o.lr_schedule
         self.channels_last, self.compute_accuracy, self.input_norm = o.channels_last, o.compute_accuracy, o.input_norm
         self.nonfinite, self.max_nonfinite_steps, self.check_every = o.nonfinite, o.max_nonfinite_steps, o.check_every
-        self.first_nonfinite: Optional[torch.Tensor] = None  # deferred checks: first bad update index, else -1
         # EMA tracks the bare module even when `model` is a DDP wrapper.
         self.ema_model = ema_model if ema_model is not None else getattr(model, "module", model)
         self.last_grad_norm: Optional[torch.Tensor] = None
-        self.nonfinite_streak = 0  # consecutive updates skipped for a non-finite loss
+        self.checks = NonfiniteChecks(o.nonfinite, o.max_nonfinite_steps, o.check_every)
         # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
         self.protocol = protocol_of(optimizer)
         self.protocol.attach_grad_scaler(o.grad_scaler)
+        self.undo = UpdateUndo(model, optimizer, o.ema.module if o.ema is not None else None)
+        self.masks_on_device = self._masks_on_device()
         if o.compile != "none":
             self._compile(COMPILE_MODES[o.compile])
         if o.lr_schedule is not None and follows_schedule(optimizer):  # optim.lr: one schedule writes the lr
             raise ConfigError("the optimizer already follows its own per-update lr schedule (an lr array or "
                               "callable given to it), and an lr_schedule was given to the step too",
                               "give the schedule once: a number as the optimizer's lr, and lr_schedule here")
+
+    def _masks_on_device(self) -> bool:
+        """Whether an update to drop is undone on the device (`masked_update`) rather than decided by a host
+        read before it is applied: with deferred checks, for an optimizer whose state is its state_dict's
+        tensors, without boost hooks (their state is the host's), under one process or DDP (whose gradient
+        all-reduce gives every rank the same verdict: a non-finite loss on one rank makes everyone's averaged
+        gradients non-finite, so no collective is added)."""
+        scaler = self.grad_scaler
+        wants = self.nonfinite == "skip" or (scaler is not None and skips_overflow(scaler))
+        return (wants and self.check_every > 1 and self.protocol.maskable and not self.hooks
+                and (scaler is None or skips_overflow(scaler))
+                and (dist.get_world_size() == 1 or hasattr(self.model, "no_sync")))
 
     def _compile(self, mode: str) -> None:
         if not self.protocol.compilable:
@@ -187,6 +209,10 @@ class TrainStep:
         for h in self.hooks:
             h.before_update(step)
 
+        if self.masks_on_device:
+            self.undo.save()  # what the update writes, before the forward writes BatchNorm's statistics
+        elif self.nonfinite == "skip":
+            self.undo.save(whole=False)  # a skipped update leaves BatchNorm's statistics as they were too
         n = len(micro_batches)  # a short last window at epoch end divides by what it really has
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device) if self.compute_accuracy else None
@@ -205,11 +231,12 @@ class TrainStep:
             if correct is not None:
                 correct += (logits.detach().argmax(1) == (y.argmax(1) if y.ndim > 1 else y)).sum()  # soft: argmax
         loss = loss_sum / max(samples, 1)
+        if self.masks_on_device:
+            return self.masked_update(loss, samples, correct, step)
         if self.nonfinite == "stop" and self.check_every > 1:  # noted on the device, read at the next check
-            self.note_nonfinite(loss, step)
-            if (step + 1) % self.check_every == 0:
-                self.flush_nonfinite(step)
+            self.checks.note(~torch.isfinite(loss), step)
         elif self.loss_nonfinite(loss, step):  # skip: no optimizer, scaler, hook or EMA change
+            self.undo.restore()
             opt.zero_grad(set_to_none=True)
             return StepOutput(loss=loss, samples=samples, correct=correct, skipped=True, nonfinite=True)
 
@@ -229,49 +256,55 @@ class TrainStep:
         opt.zero_grad(set_to_none=True)
         if self.ema is not None and not drop:
             self.ema.update(self.ema_model)
+        self.check_now(step)
         return StepOutput(loss=loss, samples=samples, correct=correct, skipped=drop)
+
+    def masked_update(self, loss: torch.Tensor, samples: int, correct: Optional[torch.Tensor], step: int
+                      ) -> StepOutput:
+        """The update with no host read (`masks_on_device`): applied, then undone on the device when its
+        gradients (after DDP's averaging: the same on every rank) or, under one process, its loss are not
+        finite. The policy's verdicts wait on the device for the next check (`flush_nonfinite`)."""
+        opt, scaler = self.optimizer, self.grad_scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
+        grads = [p.grad for p in self.params_with_grad()]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()) if grads else loss * 0
+        self.last_grad_norm = norm
+        grad_bad, loss_bad = ~torch.isfinite(norm), ~torch.isfinite(loss)
+        drop = grad_bad | loss_bad if dist.get_world_size() == 1 else grad_bad
+        nonfinite = loss_bad if scaler is not None else loss_bad | grad_bad  # under loss scaling: an overflow
+        if self.nonfinite == "skip":
+            self.checks.count_streak(nonfinite, step)
+        else:
+            self.checks.note(nonfinite, step)
+        self.clip()
+        self.apply_step()
+        if self.ema is not None:
+            self.ema.update(self.ema_model)
+        self.undo.restore_where(drop, loss_bad)
+        if scaler is not None:
+            scaler.update()  # reads the overflow flags unscale_ left on the device
+        opt.zero_grad(set_to_none=True)
+        self.check_now(step)
+        return StepOutput(loss=loss, samples=samples, correct=correct, skipped=drop, nonfinite=nonfinite)
+
+    def check_now(self, step: int) -> None:
+        """The deferred checks' read, every `check_every` updates (every rank at the same updates)."""
+        if self.check_every > 1 and (step + 1) % self.check_every == 0:
+            self.flush_nonfinite(step)
 
     def loss_nonfinite(self, loss: torch.Tensor, step: int) -> bool:
         """True when this update's loss is inf/NaN on any rank and the policy skips it; raises TrainingError
-        when the policy stops (or too many consecutive updates were skipped). The cost is one isfinite and
-        one host read per update (plus a tiny all-reduce under several ranks, so all decide together)."""
-        local = not bool(torch.isfinite(loss))
-        if not dist.any_rank(local):
-            self.nonfinite_streak = 0
-            return False
-        self.nonfinite_streak += 1
-        seen = f"the loss became {loss.item()}" if local else "the loss became non-finite on another rank"
-        fix = ("lower the learning rate, clip gradients (clip_global_norm) or use loss scaling, then resume from "
-               "the last checkpoint (checkpoints only ever hold finite weights)")
-        if self.nonfinite == "stop":
-            raise TrainingError(f"{seen} at update {step + 1}; stopped before applying it", fix)
-        if self.nonfinite_streak > self.max_nonfinite_steps:
-            raise TrainingError(f"{seen} at update {step + 1}: {self.nonfinite_streak} non-finite updates in a row "
-                                f"(max_nonfinite_steps={self.max_nonfinite_steps})", fix)
-        return True
-
-    def note_nonfinite(self, loss: torch.Tensor, step: int) -> None:
-        """Remember, on the device and without a host read, the first update whose loss is inf/NaN."""
-        bad = ~torch.isfinite(loss)
-        if self.first_nonfinite is None:
-            self.first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
-        self.first_nonfinite = torch.where(bad & (self.first_nonfinite < 0), step, self.first_nonfinite)
+        when the policy stops (or too many consecutive updates were skipped). One host read per update."""
+        return self.checks.host_check(loss, step)
 
     def flush_nonfinite(self, step: int) -> None:
-        """The deferred check, at update `step` (every rank calls it at the same updates: the decision is
-        one all-reduce there, none in between): raises TrainingError naming the first update whose loss was
-        not finite. Its update and those after were applied, so the weights now are not to be kept: the run
-        stops, and checkpoints (written only after a check) hold finite weights."""
-        if self.first_nonfinite is None:
-            return
-        first, self.first_nonfinite = int(self.first_nonfinite), None
-        if not dist.any_rank(first >= 0):
-            return
-        where = f"at update {first + 1}" if first >= 0 else "on another rank"
-        raise TrainingError(f"the loss became non-finite {where} (checked at update {step + 1}, every "
-                            f"{self.check_every} updates); stopped",
-                            "lower the learning rate, clip gradients (clip_global_norm) or use loss scaling, then "
-                            "resume from the last checkpoint (checkpoints only ever hold finite weights)")
+        """The deferred check at update `step` (`NonfiniteChecks.flush`): raises naming the update."""
+        self.checks.flush(step)
+
+    @property
+    def nonfinite_streak(self) -> int | torch.Tensor:
+        return self.checks.streak
 
     def unscale_and_check(self) -> bool:
         """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
@@ -294,6 +327,13 @@ class TrainStep:
         if self.clip_global_norm is not None:
             self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_global_norm)
 
+    def apply_step(self) -> None:
+        """optimizer.step() on gradients ready to apply (compiled when asked)."""
+        if self.options.compile != "none":
+            self.run_compiled_step()
+        else:
+            self.optimizer.step()
+
     def optimizer_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         opt, scaler = self.optimizer, self.grad_scaler
         if self.protocol.needs_closure:  # e.g. DimReduce's line search re-evaluates the loss
@@ -306,14 +346,12 @@ class TrainStep:
             opt.step(closure)
         elif scaler is not None:
             scaler.step(opt)  # gradients are already unscaled; GradScaler skips on inf (FixedGradScaler may not)
-        elif self.options.compile != "none":
-            self.run_compiled_step()
         else:
-            opt.step()
+            self.apply_step()
 
     def state_dict(self) -> dict:
         state = {f"hook{i}": h.state_dict() for i, h in enumerate(self.hooks)}
-        state["nonfinite_streak"] = self.nonfinite_streak
+        state["nonfinite_streak"] = int(self.checks.streak)
         if self.grad_scaler is not None:
             state["loss_scale"] = self.grad_scaler.state_dict()
         return state
@@ -321,6 +359,6 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         for i, h in enumerate(self.hooks):
             h.load_state_dict(state.get(f"hook{i}", {}))
-        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+        self.checks.streak = int(state.get("nonfinite_streak", 0))
         if self.grad_scaler is not None and "loss_scale" in state:
             self.grad_scaler.load_state_dict(state["loss_scale"])

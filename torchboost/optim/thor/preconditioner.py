@@ -230,6 +230,7 @@ class PreconditionedProtocol(TrainerProtocol):
 
     preconditioner: ThorPreconditioner
     compilable = False  # its capture hooks run eagerly around the forward and backward
+    maskable = False  # its factors, inverses and refresh counter live in the preconditioner, not in state tensors
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler
