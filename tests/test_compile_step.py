@@ -1,6 +1,6 @@
 """A compiled training step (StepOptions.compile, train.compile): after N updates with a changing lr, the weights
-match the eager step's (float64, inductor on the CPU), without recompiling for each new lr; optimizers that
-hook the model are refused in one line."""
+match the eager step's (float64, inductor on the CPU), without recompiling for each new lr; THOR compiles its
+update between refreshes (a refresh runs eagerly); optimizers that cannot be compiled are refused in one line."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OptimizerArgs, build_optimizer
+from torchboost.optim.thor import ThorOptions
 from torchboost.train.step import TrainStep
 
 
@@ -27,16 +28,22 @@ def _batch(k: int):
 
 # Muon orthogonalises in bf16 (torch's Newton-Schulz), whose rounding differs between the compiled and eager
 # kernels: its updates agree to bf16's ~0.4% per step, the others' to float64's
-@pytest.mark.parametrize("name, lr, rtol", [("sgd", 0.1, 1e-7), ("adamw", 1e-3, 1e-6), ("muon", 0.02, 3e-2)])
-def test_a_compiled_step_trains_like_the_eager_one(name, lr, rtol):
+THOR = ThorOptions(frequency=4)  # refreshes (eager) at updates 0, 4 and 8; the others compiled
+
+
+@pytest.mark.parametrize("name, lr, rtol, options", [
+    ("sgd", 0.1, 1e-7, None), ("adamw", 1e-3, 1e-6, None), ("muon", 0.02, 3e-2, None), ("thor", 0.05, 1e-7, THOR),
+    ("thor", 0.02, 1e-7, ThorOptions(frequency=4, graft="muon_step"))], ids=["sgd", "adamw", "muon", "thor",
+                                                                            "thor-graft"])
+def test_a_compiled_step_trains_like_the_eager_one(name, lr, rtol, options):
     torch._dynamo.reset()
-    schedule = [lr * 0.8**k for k in range(6)]
+    schedule = [lr * 0.8**k for k in range(10)]
     runs = {}
     for mode in ("none", "default"):
         net = _net()
-        opt = build_optimizer(name, net, OptimizerArgs(lr=lr, weight_decay=1e-3))
+        opt = build_optimizer(name, net, OptimizerArgs(lr=lr, weight_decay=1e-3, options=options))
         step = TrainStep(net, nn.CrossEntropyLoss(), opt, lr_schedule=schedule, compile=mode)
-        for k in range(6):
+        for k in range(10):
             step([_batch(k)], k)
         runs[mode] = (net, opt)
     (eager, eager_opt), (compiled, compiled_opt) = runs["none"], runs["default"]
@@ -63,9 +70,29 @@ def test_a_changing_lr_does_not_recompile_the_step():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
 
 
-def test_thor_and_unknown_modes_are_refused_in_one_line():
+def test_thor_compiles_once_and_refreshes_eagerly():
+    torch._dynamo.reset()
+    net = _net()
+    opt = build_optimizer("thor", net, OptimizerArgs(lr=0.05, options=THOR))
+    step = TrainStep(net, nn.CrossEntropyLoss(), opt, lr_schedule=[0.05 / (k + 1) for k in range(16)],
+                     compile="default")
+    for k in range(6):  # refresh at 0 and 4 (eager), compiled forward and update at the others
+        step([_batch(k)], k)
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for k in range(6, 15):  # a refresh at 8 and 12, new lrs at every update: nothing new to compile
+        step([_batch(k % 3)], k)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+    assert opt.counters["refreshes"] == 4 * sum(1 for _ in opt.layers)  # every layer at 0, 4, 8 and 12
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net.modules())  # none between refreshes
+
+
+def test_what_cannot_be_compiled_and_unknown_modes_are_refused_in_one_line():
     net = _net()
     with pytest.raises(ConfigError, match="cannot be compiled"):
-        TrainStep(net, nn.CrossEntropyLoss(), build_optimizer("thor", net, OptimizerArgs(lr=0.1)), compile="default")
+        TrainStep(net, nn.CrossEntropyLoss(), build_optimizer("thor_muon", net, OptimizerArgs(lr=0.1)),
+                  compile="default")
+    with pytest.raises(ConfigError, match="cannot be compiled"):
+        TrainStep(net, nn.CrossEntropyLoss(), build_optimizer("thor_ekfac", net, OptimizerArgs(lr=0.1)),
+                  compile="default")
     with pytest.raises(ConfigError, match="is not a mode"):
         TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), compile="fast")

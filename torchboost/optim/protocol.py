@@ -7,6 +7,8 @@
 - `compilable`: whether the step may be compiled with the rest of the update (`train.compile`).
 - `maskable`: whether an applied step can be undone by restoring the parameters and the `state_dict()`
   tensors (`train.undo`: the skip policy and overflow checks without a host read).
+- `compile_own_step(mode)` / `eager_forward()`: an optimizer that compiles part of its own step (THOR: the
+  update between refreshes) and needs the forward eager on some updates (THOR's refreshes capture statistics).
 - `attach_grad_scaler(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
   backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
 - per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
@@ -40,6 +42,16 @@ class TrainerProtocol:
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""
+
+    def compile_own_step(self, mode: str) -> bool:
+        """torch.compile (in `mode`) what can be compiled of the step, and say True; the trainer then calls
+        step() as it is. False (the default): the trainer compiles step() whole."""
+        return False
+
+    def eager_forward(self) -> bool:
+        """Whether the coming update's forward and backward must run uncompiled (THOR's capture hooks on a
+        refresh update)."""
+        return False
 
 
 _PLAIN = TrainerProtocol()

@@ -140,7 +140,7 @@ class Model:
                            callbacks=callbacks)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip = self._resume_position(state, len(train_data) * max(state.batch_size, 1))
-        first_step = state.global_step  # the update a compiled step compiles at
+        compiling = self.train_step.options.compile != "none"  # said once, at the first compiled update
         for cb in callbacks:
             cb.on_train_begin(state)
 
@@ -174,8 +174,9 @@ class Model:
                 # (CUDA events) are `state.clock`'s, read at log time
                 state.clock.mark()
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
-                if state.global_step == first_step and self.train_step.options.compile != "none":
-                    state.log(f"compile={self.train_step.options.compile}: the first update took "
+                if compiling and self.train_step.ran_compiled:  # (THOR's first update, a refresh, is eager)
+                    compiling = False
+                    state.log(f"compile={self.train_step.options.compile}: the first compiled update took "
                               f"{state.step_time:.1f} s, compiling included")
                 state.step_in_epoch += 1
                 state.global_step += 1

@@ -136,6 +136,9 @@ class TrainStep:
         self.protocol.attach_grad_scaler(o.grad_scaler)
         self.undo = UpdateUndo(model, optimizer, o.ema.module if o.ema is not None else None)
         self.masks_on_device = self._masks_on_device()
+        self.compiled_step: Optional[Callable[[], Any]] = None
+        self.eager_forward_loss = self.forward_loss  # a subclass's override included
+        self.ran_compiled = False  # whether the last update ran the compiled forward
         if o.compile != "none":
             self._compile(COMPILE_MODES[o.compile])
         if o.lr_schedule is not None and follows_schedule(optimizer):  # optim.lr: one schedule writes the lr
@@ -161,6 +164,8 @@ class TrainStep:
                               "re-runs the forward)", "train it with compile=none")
         # instance attributes over the methods: a subclass's override is what gets compiled
         self.forward_loss = torch.compile(self.forward_loss, mode=mode)  # type: ignore[method-assign]
+        if self.protocol.compile_own_step(mode):  # e.g. THOR: its update between refreshes; step() stays eager
+            return
         self.compiled_step = torch.compile(self.optimizer.step, mode=mode)
         # the compiled step reads each group's lr from one 0-d tensor per group, refilled before each call:
         # a float there would be a constant of the graph, recompiled at every new value of the schedule
@@ -222,8 +227,11 @@ class TrainStep:
             last = i == n - 1
             # DDP: all-reduce gradients only once, on the final micro-batch (MindSpore reduces every one).
             sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+            # an optimizer may need an eager forward (THOR's refresh updates capture statistics through hooks)
+            forward_loss = self.eager_forward_loss if self.protocol.eager_forward() else self.forward_loss
+            self.ran_compiled = forward_loss is not self.eager_forward_loss
             with sync:
-                loss, logits = self.forward_loss(x, y)
+                loss, logits = forward_loss(x, y)
                 scaled = loss / n
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()
             loss_sum += loss.detach().float() * y.shape[0]
@@ -329,7 +337,7 @@ class TrainStep:
 
     def apply_step(self) -> None:
         """optimizer.step() on gradients ready to apply (compiled when asked)."""
-        if self.options.compile != "none":
+        if self.compiled_step is not None:
             self.run_compiled_step()
         else:
             self.optimizer.step()

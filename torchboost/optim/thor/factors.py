@@ -154,9 +154,23 @@ class LayerCapture:
         self.dtype = factor_dtype(module.weight)
         self.grad_scale = grad_scale
         self.forward_id = forward_id
-        self.enabled = False
+        self.handle: Any = None
+        self.removed = False
         self._reset()
-        self.handle = module.register_forward_hook(DetachedHook(self._on_forward))
+
+    @property
+    def enabled(self) -> bool:
+        return self.handle is not None
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        # the hook exists only while armed for a refresh: the forwards between refreshes run no THOR code, so
+        # torch.compile traces the bare model
+        if on and self.handle is None and not self.removed:
+            self.handle = self.module.register_forward_hook(DetachedHook(self._on_forward))
+        elif not on and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def _reset(self) -> None:
         self.a_sum: Tensor | None = None
@@ -167,7 +181,7 @@ class LayerCapture:
         self._last_forward = -1
 
     def _on_forward(self, module: nn.Module, inputs: tuple, output: Tensor) -> None:
-        if not (self.enabled and torch.is_grad_enabled() and isinstance(output, Tensor)
+        if not (torch.is_grad_enabled() and isinstance(output, Tensor)
                 and output.requires_grad):
             return
         x = inputs[0].detach()
@@ -208,4 +222,5 @@ class LayerCapture:
         return a_sum / a_rows, g_sum / g_rows, a_rows / samples
 
     def remove(self) -> None:
-        self.handle.remove()
+        self.enabled = False
+        self.removed = True

@@ -46,6 +46,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     `opt.preconditioner.damping_at()` reads it, `opt.preconditioner.set_damping(...)` replaces it.
     """
 
+    compilable = True  # the update between refreshes (compile_own_step); a refresh runs eagerly
+
     def __init__(self, model: nn.Module, lr: Schedule, options: ThorOptions | None = None, *, momentum: float = 0.9,
                  weight_decay: float = 0.0, nesterov: bool = False, decay_filter: Callable[[str], bool] | None = None,
                  accumulation_steps: int = 1, grad_scaler: torch.amp.GradScaler | None = None,
@@ -64,6 +66,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         defaults = dict(lr=schedule.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__([g for g in groups if g["params"]], defaults)
         self._graft_norms: dict[Tensor, Tensor] = {}
+        self._compiled: Callable[[], None] | None = None  # compile_own_step
+        self._lr_tensors: list[Tensor] = []
         if schedule.constant is None:  # MindSpore's per-update lr array (or a callable): it writes the groups' lr
             follow_schedule(self, schedule, lambda: self.update_index)
 
@@ -78,6 +82,19 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
+        if self._compiled is not None and not self.preconditioner.refresh_due():
+            # between refreshes: the compiled update, reading each group's lr from a 0-d tensor for the call (a
+            # float is a constant of the graph: recompiled at each new value of a schedule)
+            floats = [group["lr"] for group in self.param_groups]
+            for t, group, lr in zip(self._lr_tensors, self.param_groups, floats):
+                group["lr"] = t.fill_(lr)
+            try:
+                self._compiled()
+            finally:
+                for group, lr in zip(self.param_groups, floats):  # the groups keep plain numbers
+                    group["lr"] = lr
+            self.preconditioner.advance()
+            return loss
         graft = self.options.graft
         if graft == "sgd_step":  # SGD's own momentum of the plain gradients, taken before they are preconditioned
             for group in self.param_groups:
@@ -86,6 +103,26 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         for group in self.param_groups:
             self._sgd_update(group, graft)
         return loss
+
+    def compile_own_step(self, mode: str) -> bool:
+        """torch.compile the update between refreshes (`plain_update`); a refresh stays eager (its inversions
+        and host-side bookkeeping). EKFAC updates its moments from a per-update damping: not compiled."""
+        if self.preconditioner._ekfac:
+            raise ConfigError("thor_ekfac's step cannot be compiled (its eigenvalue update takes the damping of "
+                              "each update)", "train thor_ekfac with compile=none, or compile thor")
+        self._compiled = torch.compile(self.plain_update, mode=mode)
+        self._lr_tensors = [torch.zeros((), device=g["params"][0].device) for g in self.param_groups]
+        return True
+
+    def plain_update(self) -> None:
+        """An update from the curvature as it is: graft, precondition, momentum SGD."""
+        graft = self.options.graft
+        if graft == "sgd_step":
+            for group in self.param_groups:
+                self._graft_momentum(group)
+        self.preconditioner.precondition_grads()
+        for group in self.param_groups:
+            self._sgd_update(group, graft)
 
     def _graft_momentum(self, group: dict) -> None:
         """m <- momentum * m + (g + weight_decay * w) on the plain gradient: the step SGD would take is lr * m
@@ -135,7 +172,10 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             step = grads
         if graft in ("sgd_step", "muon_step"):
             step = [self._grafted(p, s, graft) for p, s in zip(params, step)]
-        torch._foreach_add_(params, step, alpha=-group["lr"])
+        if isinstance(group["lr"], Tensor):  # compiled (a 0-d tensor for the call); alpha must be a number
+            torch._foreach_add_(params, torch._foreach_mul(step, group["lr"]), alpha=-1.0)
+        else:
+            torch._foreach_add_(params, step, alpha=-group["lr"])
 
     def _grafted(self, p: Tensor, step: Tensor, graft: str) -> Tensor:
         """THOR's step for `p` with the norm (per unit of lr) of the grafted optimizer's: SGD's momentum step, or

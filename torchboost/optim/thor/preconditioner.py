@@ -54,10 +54,12 @@ class ThorPreconditioner:
         self.update_index = 0  # index of the next update (what the damping schedule is evaluated at)
         self._forward_id = 0
         self._samples = 0  # samples of the forwards with gradients since the last update (EKFAC's moment scale)
-        self._pre_hook = model.register_forward_pre_hook(DetachedHook(self._count_forward))
+        self.model, self._pre_hook, self._removed = model, None, False
         self.layers: dict[str, ThorLayer] = find_layers(model, self.options.split_dim, self._grad_scale,
                                                         lambda: self._forward_id, self.options.factor_samples)
-        self.layer_of: dict[Tensor, ThorLayer] = {l.module.weight: l for l in self.layers.values()}
+        # (weight, layer) pairs as a list, not a dict keyed by tensors: torch.compile guards a dict's tensor keys'
+        # .grad by identity, and every update's new gradients would recompile the step
+        self.layer_of: list[tuple[Tensor, ThorLayer]] = [(l.module.weight, l) for l in self.layers.values()]
         self._arm_capture()
 
     _ekfac = property(lambda self: self.options.ekfac_decay is not None, doc="EKFAC's eigenbases, not inverses")
@@ -77,9 +79,20 @@ class ThorPreconditioner:
         return scale
 
     def _arm_capture(self) -> None:
-        """Capture statistics during the coming update only for layers that will refresh at it."""
+        """Capture statistics during the coming update only for layers that will refresh at it. Hooks exist
+        only then (EKFAC counts every update's samples: its pre-hook stays)."""
         for l in self.layers.values():
             l.capture.enabled = self.update_index >= l.next_inverse
+        armed = self._ekfac or self.refresh_due()
+        if armed and self._pre_hook is None and not self._removed:
+            self._pre_hook = self.model.register_forward_pre_hook(DetachedHook(self._count_forward))
+        elif not armed and self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
+
+    def refresh_due(self) -> bool:
+        """Whether the coming update refreshes a layer (its forward must then run eagerly, with the hooks)."""
+        return any(l.capture.enabled for l in self.layers.values())
 
     # ---- the update ---------------------------------------------------------------------------------
     def damping_at(self, k: int | None = None) -> float:
@@ -103,8 +116,14 @@ class ThorPreconditioner:
         if not damping > 0:
             raise ConfigError(f"THOR damping must be > 0, got {damping} at update {k}", "use a positive damping")
         self._refresh(k, damping)
+        self.precondition_grads(damping)
+        self.advance()
+
+    def precondition_grads(self, damping: float = 0.0) -> None:
+        """Overwrite each preconditioned layer's `.grad` with its preconditioned gradient, from the curvature
+        as it is (no refresh: what a compiled step between refreshes runs; `damping` is EKFAC's only)."""
         decay, moment_scale = self.options.ekfac_decay, self._moment_scale()
-        for p, layer in self.layer_of.items():
+        for p, layer in self.layer_of:
             if p.grad is not None:
                 if p.grad.is_sparse:
                     raise ConfigError("THOR does not support sparse gradients", "use dense layers")
@@ -113,6 +132,9 @@ class ThorPreconditioner:
                 if self.options.graft == "grad":
                     g = g * (p.grad.norm() / g.norm().clamp_min(torch.finfo(g.dtype).tiny))
                 p.grad.copy_(g)
+
+    def advance(self) -> None:
+        """The update is done: the next one's index, and its capture armed or not."""
         self.update_index += 1
         self._arm_capture()
 
@@ -211,7 +233,10 @@ class ThorPreconditioner:
 
     def remove_hooks(self) -> None:
         """Detach the hooks from the model (curvature stops being refreshed)."""
-        self._pre_hook.remove()
+        self._removed = True
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
         for l in self.layers.values():
             l.capture.remove()
 
@@ -229,8 +254,12 @@ class PreconditionedProtocol(TrainerProtocol):
     trainer's GradScaler goes to the preconditioner, which unscales its G factors by it."""
 
     preconditioner: ThorPreconditioner
-    compilable = False  # its capture hooks run eagerly around the forward and backward
+    # the update between refreshes compiles (THOR: compile_own_step); a refresh's forward runs eagerly (hooks)
+    compilable = False
     maskable = False  # its factors, inverses and refresh counter live in the preconditioner, not in state tensors
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler
+
+    def eager_forward(self) -> bool:
+        return self.preconditioner.refresh_due()
