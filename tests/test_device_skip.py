@@ -22,6 +22,11 @@ from test_thor_dist import finish_rank, spawn_ranks
 from train_tiny import batches
 
 
+@pytest.fixture(autouse=True)
+def undo_on_cpu(monkeypatch):  # the device path, checked here on the CPU (by default it runs on accelerators)
+    monkeypatch.setattr(TrainStep, "undo_on_cpu", True)
+
+
 def bn_net(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
@@ -138,6 +143,14 @@ def test_the_skip_policy_restores_batchnorm_statistics_on_the_host_path_too():
     assert torch.isfinite(net[1].running_mean).all() and torch.isfinite(net[1].running_var).all()
 
 
+def test_the_cpu_keeps_the_host_decision_unless_told(monkeypatch):
+    monkeypatch.setattr(TrainStep, "undo_on_cpu", False)
+    net = bn_net()
+    step = TrainStep(net, nn.CrossEntropyLoss(), OPTIMIZERS["sgd"](net), check_every=8, nonfinite="skip",
+                     max_nonfinite_steps=2)
+    assert not step.masks_on_device
+
+
 def test_thor_and_boost_hooks_keep_the_host_decision():
     from torchboost.optim.thor import THOR
     net = bn_net()
@@ -151,6 +164,7 @@ def test_thor_and_boost_hooks_keep_the_host_decision():
 def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    TrainStep.undo_on_cpu = True  # a spawned process: the fixture's patch is not here
     calls = []
     original = tdist.all_reduce
 
