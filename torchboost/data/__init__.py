@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchboost.data.augment import Policy, RandomErasing
 from torchboost.data.builtin import load_builtin
+from torchboost.data.device_decode import DeviceBatch, DeviceDecode
 from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
@@ -35,7 +36,7 @@ __all__ = [
     "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
     "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD", "Policy", "RandomErasing", "Mixup",
-    "MixedBatches",
+    "MixedBatches", "DeviceDecode", "DeviceBatch",
 ]
 
 

@@ -24,17 +24,15 @@ from typing import Any, BinaryIO
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
+from torchboost.data.device_decode import DeviceDecode, collate, read_encoded
 from torchboost.data.sampling import sample_rng
-from torchboost.data.transforms import ImageTransform
+from torchboost.data.transforms import IMAGE_ERRORS, ImageTransform
 from torchboost.errors import DataError, printable
 from torchboost.fileio import open_regular, within
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-# What Pillow raises for an unreadable file: OSError (UnidentifiedImageError, truncated data), SyntaxError
-# and ValueError (malformed headers or chunks), DecompressionBombError (absurd declared sizes).
-IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 # Pillow modes of one-channel images (bilevel, 8/16/32-bit gray, gray + alpha); palette images count as colour.
 GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 MAX_SIDE = 8192  # a transform working at more pixels per side is a typo (one image would take > 200 MB)
@@ -54,7 +52,7 @@ def open_image(path: str | Path | BinaryIO) -> Iterator[Image.Image]:
 
 def check_transform(transform: Callable[..., Any] | None) -> None:
     """Refuse a transform that would resize images past MAX_SIDE pixels per side (a typo, not a plan)."""
-    if isinstance(transform, ImageTransform) and transform.max_side > MAX_SIDE:
+    if isinstance(transform, (ImageTransform, DeviceDecode)) and transform.max_side > MAX_SIDE:
         raise DataError(f"the transform resizes images to {transform.max_side} px per side (limit {MAX_SIDE})",
                         "use an image size such as 224 (and a crop_pct near 0.875)")
 
@@ -160,9 +158,10 @@ def loader_skipped(loader: Any) -> int:
 
 
 def drop_missing_collate(batch: list[Any]) -> Any:
-    """default_collate without the samples a dataset dropped (None); None when none is left."""
+    """default_collate without the samples a dataset dropped (None); None when none is left. Samples of a
+    DeviceDecode transform become a DeviceBatch (`device_decode.collate`)."""
     kept = [b for b in batch if b is not None]
-    return default_collate(kept) if kept else None
+    return collate(kept) if kept else None
 
 
 def read_image(path: str | Path, transform: Callable[..., Any]) -> Any:
@@ -180,7 +179,8 @@ class ImageFolder(Dataset):
     """Images of `root`'s class folders, returned as (transform(image, rng), class index).
 
     `transform(img, rng)` receives the opened, not yet decoded image (so it can pick a JPEG draft size) and
-    the sample's random stream; transform=None returns the decoded PIL image.
+    the sample's random stream; transform=None returns the decoded PIL image. A `DeviceDecode` transform gets
+    the file's bytes too and returns them with the crop, for the device to decode (`device_decode`).
     """
 
     def __init__(self, root: str | Path, transform: Callable[..., Any] | None, skip_corrupt: bool = False,
@@ -209,12 +209,18 @@ class ImageFolder(Dataset):
     def _load(self, path: str, index: int) -> Any:
         with warnings.catch_warnings(record=True) as caught:  # Pillow's/torch's, as one note line each
             warnings.simplefilter("always")
-            with open_image(path) as img:
-                if self.transform is None:
-                    img.load()
-                    out = img
-                else:
-                    out = self.transform(img, sample_rng(index))
+            if isinstance(self.transform, DeviceDecode):
+                with open_regular(path) as f:
+                    data = read_encoded(f)
+                    with open_image(f) as img:
+                        out = self.transform.encode(img, sample_rng(index), data, path)
+            else:
+                with open_image(path) as img:
+                    if self.transform is None:
+                        img.load()
+                        out = img
+                    else:
+                        out = self.transform(img, sample_rng(index))
         _note_warnings(path, caught)  # an image that fails says why in its own note instead
         return out
 

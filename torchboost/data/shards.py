@@ -42,8 +42,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from torchboost.data.device_decode import DeviceDecode, collate
 from torchboost.data.folder import IMAGE_ERRORS, check_transform, open_image
 from torchboost.data.sampling import SampleIndex, sample_rng
 from torchboost.data.shardfiles import (PIPE, RE_EXPORT, OpenFile, Sample, expand_shards, index_split, open_shard,
@@ -194,11 +195,16 @@ class ShardDataset(IterableDataset):
 
     def _decode(self, index: int, sample: Sample, epoch: int) -> tuple[Any, int]:
         try:
-            with open_image(io.BytesIO(sample.image_bytes())) as img:
+            data = sample.image_bytes()
+            with open_image(io.BytesIO(data)) as img:
                 if self.transform is None:
                     img.load()
                     return img, sample.label
-                return self.transform(img, sample_rng(SampleIndex(index, self.seed, epoch))), sample.label
+                rng = sample_rng(SampleIndex(index, self.seed, epoch))
+                if isinstance(self.transform, DeviceDecode):  # the bytes and the crop, for the device to decode
+                    name = f"in shard {sample.shard} sample {sample.key}.{sample.field}"
+                    return self.transform.encode(img, rng, data, name), sample.label
+                return self.transform(img, rng), sample.label
         except IMAGE_ERRORS as e:
             why = re.sub(r" ?<_io\.BytesIO object at \w+>", "", str(e))  # Pillow names the in-memory file
             raise DataError(f"corrupt image in shard {sample.shard} sample {sample.key}.{sample.field} "
@@ -231,7 +237,7 @@ def shard_loader(dataset: ShardDataset, batch_size: int, train: bool, *, workers
     """`build_loader` for shards: training shuffles per epoch and yields whole batches, the same count on
     every rank; evaluation reads every sample once across ranks."""
     part = dataset.distribute(rank, world_size, seed=seed, shuffle=train, batch_size=batch_size, drop_last=train)
-    return ShardLoader(part, batch_size=batch_size, drop_last=train, num_workers=workers, collate_fn=default_collate,
+    return ShardLoader(part, batch_size=batch_size, drop_last=train, num_workers=workers, collate_fn=collate,
                        pin_memory=pin_memory, persistent_workers=persistent_workers and workers > 0,
                        prefetch_factor=prefetch_factor if workers > 0 else None)
 

@@ -36,6 +36,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 BILINEAR = Image.Resampling.BILINEAR
 AUGMENTS = ("imagenet", "flip", "shift", "none")
 SIXTEEN_BIT = ("I", "I;16", "I;16L", "I;16B", "I;16N")  # "I" (32-bit) is how older Pillows open 16-bit PNGs
+# What Pillow raises for an unreadable file: OSError (UnidentifiedImageError, truncated data), SyntaxError
+# and ValueError (malformed headers or chunks), DecompressionBombError (absurd declared sizes).
+IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 def norm_coeffs(mean: Sequence[float], std: Sequence[float], device: torch.device | str | None = None
@@ -193,10 +196,15 @@ class TrainTransform(ImageTransform):
         super().__init__(size, mean, std, uint8)
         self.scale, self.ratio, self.flip_p = scale, ratio, flip_p
 
+    def draw(self, width: int, height: int, rng: np.random.Generator) -> tuple[tuple[int, int, int, int], bool]:
+        """The crop box (top, left, height, width) and flip of one sample, from its stream: the one draw, which
+        the device decoder (`device_decode`) makes too, so both paths crop alike."""
+        box = rrc_params(width, height, rng, self.scale, self.ratio)
+        return box, rng.random() < self.flip_p  # the flip after the crop, like torchvision's Compose order
+
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = np.random.default_rng() if rng is None else rng
-        top, left, h, w = rrc_params(img.width, img.height, rng, self.scale, self.ratio)
-        flip = rng.random() < self.flip_p  # drawn after the crop, like torchvision's Compose order
+        (top, left, h, w), flip = self.draw(img.width, img.height, rng)
         img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
         out = resize_region(img, (left / s, top / s, (left + w) / s, (top + h) / s), (self.size, self.size))
         return self.finish(out, rng, flip)
@@ -244,9 +252,13 @@ class FlipTransform(EvalTransform):
         super().__init__(size, mean, std, crop_pct, uint8)
         self.flip_p = flip_p
 
+    def draw_flip(self, rng: np.random.Generator) -> bool:
+        """The flip of one sample, from its stream (the device decoder draws it with this too)."""
+        return rng.random() < self.flip_p
+
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = np.random.default_rng() if rng is None else rng
-        return self.finish(self.crop(img), rng, rng.random() < self.flip_p)
+        return self.finish(self.crop(img), rng, self.draw_flip(rng))
 
 
 class ShiftTransform(ImageTransform):

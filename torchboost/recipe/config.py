@@ -74,6 +74,12 @@ class DataConfig:
     synthetic_size: int = option(1024, ge=1, le=10_000_000, help="images in the synthetic data set")
     normalize_on_device: bool = option(False, help="ship uint8 batches and normalise on the device (4x fewer "
                                                    "bytes to copy)")
+    decode: str = option("cpu", choices=("cpu", "device", "auto"),
+                         help="where folders' and shards' JPEGs are decoded: cpu = in the loader workers; device = "
+                              "workers ship the encoded bytes and crops, the GPU decodes (nvJPEG, through "
+                              "torchvision), crops and resizes (the same crops; without CUDA Pillow decodes in the "
+                              "training process); auto = device when training on CUDA with torchvision and the "
+                              "augmentations allow it, else cpu")
     augment: str = option("auto", choices=("auto", "imagenet", "flip", "shift", "none"),
                           help="training augmentation: imagenet = random resized crop + flip; flip; shift = random "
                                "translation by random_shift px; none; auto: imagenet for photos and ResNets, shift "
@@ -226,8 +232,9 @@ class TrainConfig:
     freeze_backbone_epochs: int = option(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
                                                                       "head for this many epochs first")
     compile: str = option("none", choices=("none", "default", "max-autotune", "cudagraphs"),
-                          help="torch.compile the training step (forward + backward and the optimizer's step; not "
-                               "THOR's): default, max-autotune, or cudagraphs (CUDA graphs); the first update "
+                          help="torch.compile the training step (forward + backward and the optimizer's step; THOR: "
+                               "its update between refreshes, a refresh runs eagerly; not thor_muon, thor_ekfac or "
+                               "DimReduce): default, max-autotune, or cudagraphs (CUDA graphs); the first update "
                                "compiles, and its time is printed")
     ema: EmaConfig = dataclasses.field(default_factory=EmaConfig)
     mlflow: MlflowSection = dataclasses.field(default_factory=MlflowSection)

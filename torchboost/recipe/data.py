@@ -12,14 +12,16 @@ from typing import Any, Callable
 
 from torch.utils.data import Dataset
 
-from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, ImageFolder, SyntheticImages,
+from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceDecode, EvalTransform, ImageFolder, SyntheticImages,
                              TensorImageDataset, eval_transform, train_transform)
+from torchboost.data.device_decode import nvjpeg
 from torchboost.data.folder import find_classes, sample_folder
 from torchboost.data.holdout import holdout_split
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
+from torchboost.train.device import resolve_device
 
 # Folder and synthetic image size when data.image_size is not set: what each model is designed for.
 DEFAULT_SIZE = {"mnist_cnn": 28}
@@ -132,6 +134,46 @@ def folder_train_transform(cfg: DataConfig, model_name: str) -> Any:
                            random_erasing=cfg.random_erasing)
 
 
+def host_augments(d: DataConfig) -> list[str]:
+    """The augmentations `d` asks for that need the decoded image in the loader, as `key=value`: decoding on the
+    device cannot apply them (a policy or erasing on each crop, shifts, mixing in the loader's batches)."""
+    off = {"auto_augment": "none", "random_erasing": 0.0, "mixup_alpha": 0.0, "cutmix_alpha": 0.0}
+    found = [f"data.{k}={getattr(d, k)}" for k, v in off.items() if getattr(d, k) != v]
+    return found + (["data.augment=shift"] if d.augment == "shift" else [])
+
+
+def resolve_decode(d: DataConfig, device: str) -> str:
+    """What `data.decode: auto` stands for: device when the run trains on CUDA, torchvision's nvJPEG imports,
+    the kind decodes image files and no augmentation needs the decoded image in the loader; else cpu. An
+    explicit `device` with an augmentation only `auto` resolved (shift, for small images) is refused."""
+    if d.decode == "cpu" or not get_kind(d.dataset).device_decode:
+        return "cpu"
+    if d.decode == "device":
+        found = host_augments(d)
+        if found:  # validation refused those set by hand: this is what `augment: auto` gave small images
+            raise ConfigError(f"data.decode=device cannot apply {found[0]}, which needs the decoded image in the "
+                              "loader", "set data.decode=cpu (data.augment=auto shifts small images, cheap to decode)")
+        return "device"
+    if host_augments(d) or resolve_device(device).type != "cuda":
+        return "cpu"
+    try:
+        nvjpeg(3)
+    except ConfigError:
+        return "cpu"
+    return "device"
+
+
+def uint8_batches(d: DataConfig) -> bool:
+    """Batches leave the loader as uint8 and are normalised on the device: data.normalize_on_device, or
+    data.decode=device (the images are made there)."""
+    return d.normalize_on_device or d.decode == "device"
+
+
+def input_norm(d: DataConfig) -> tuple[list[float], list[float]] | None:
+    """The (mean, std) a step normalises uint8 batches with (`uint8_batches`); None for float batches."""
+    return (d.mean, d.std) if uint8_batches(d) else None
+
+
 def mixed(cfg: Config, d: DataConfig, train_ds: Dataset) -> Dataset:
     """The training set with mixup/cutmix on its batches when data.mixup_alpha or cutmix_alpha is set (the
     classes: model.num_classes, else the data's; targets smoothed by train.label_smoothing, timm's way)."""
@@ -159,6 +201,8 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     augment = split == "train" if augment is None else augment
     if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
         transform = folder_train_transform(cfg, model_name) if augment else eval_preprocess(cfg)
+        if cfg.decode == "device":  # workers ship the encoded JPEGs and their crops (data.device_decode)
+            transform = DeviceDecode(transform)
         if kind.open_split is not None:
             return kind.open_split(cfg, _kind_split(cfg, split, exact), transform)
         return ImageFolder(_split_dir(Path(cfg.path), split, exact), transform, cfg.skip_corrupt,
@@ -197,7 +241,8 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     """`cfg.data` with what a decoded-per-sample set leaves unset filled in from a sample of its training
     images (under `train_root`, default the train/ split of data.path) and the model: channels (the
     majority), image size (small images keep their native size; larger ones what the model is built for),
-    statistics, a small shift for small images with a ResNet, and the augmentation `auto` stands for."""
+    statistics, a small shift for small images with a ResNet, the augmentation `auto` stands for and where
+    images are decoded (`resolve_decode`)."""
     d = cfg.data
     kind = get_kind(d.dataset)
     if not kind.in_memory:
@@ -217,8 +262,11 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     if d.augment == "auto" and kind.photos and kind.shift and not d.random_shift and d.image_size <= SMALL_IMAGE \
             and cfg.model.name.startswith("resnet"):
         d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
-    d = dataclasses.replace(d, augment=resolve_augment(d, cfg.model.name))
-    return d
+    augment = resolve_augment(d, cfg.model.name)
+    # a shift `auto` did not choose (a recipe's for digits, on a photo folder) is recorded as none: a resumed
+    # run's config must pass validation, which refuses random_shift beside another augmentation
+    d = dataclasses.replace(d, augment=augment, random_shift=d.random_shift if augment == "shift" else 0)
+    return dataclasses.replace(d, decode=resolve_decode(d, cfg.train.device))
 
 
 def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0

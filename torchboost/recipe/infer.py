@@ -18,7 +18,7 @@ from torchboost.data import build_loader, read_image
 from torchboost.errors import CheckpointError, ConfigError, DataError
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config
-from torchboost.recipe.data import build_dataset, eval_preprocess, load_data, split_source
+from torchboost.recipe.data import build_dataset, eval_preprocess, input_norm, load_data, split_source
 from torchboost.fileio import check_regular
 from torchboost.recipe.kinds import FOLDER
 from torchboost.recipe.load import load_config
@@ -69,7 +69,7 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     load_model_state(net, ckpt["model"], source=str(path))
     # top-5 of 5 classes or fewer always reads 100%: left out, as training leaves it out
     # a run that normalised on the device reads uint8 images here too (eval_preprocess): the same statistics
-    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+    norm = input_norm(cfg.data)
     model = Model(net, build_loss(cfg), metrics=without_top5(METRIC_NAMES, cfg.model.num_classes), device=device,
                   channels_last=cfg.model.channels_last, input_norm=norm)
     return model, cfg, ckpt

@@ -51,6 +51,7 @@ class DataKind:
     sample: Callable[[object], FolderSample] | None = None
     splits: Callable[[object], list[str]] | None = None  # the split names it holds (eval's --split is exact)
     streamed: bool = False  # read as a stream of shards: data.shuffle_buffer / train_shards / eval_shards apply
+    device_decode: bool = False  # encoded image files, decoded per sample: data.decode=device applies
 
 
 DATA_KINDS: dict[str, DataKind] = {}
@@ -82,7 +83,8 @@ def _builtin(name: str) -> Loader:
 for _name, _set in BUILTIN_SETS.items():
     register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
 register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
-                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True, photo_augments=True))
+                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True, photo_augments=True,
+                  device_decode=True))
 
 
 def _open_shards(cfg, split: str, transform: Callable) -> Dataset:  # the shard readers load only for shards
@@ -101,7 +103,7 @@ def _shard_index(cfg):
 register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) and their _info.json index in PATH "
                   "(written by torchboost export-shards)", None, needs_path=True, in_memory=False,
                   augments=("auto", *AUGMENTS), photos=True, photo_augments=True, mixing=False, streamed=True,
-                  open_split=_open_shards,
+                  device_decode=True, open_split=_open_shards,
                   sample=lambda cfg: _shard_index(cfg).sample, splits=lambda cfg: list(_shard_index(cfg).splits)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))

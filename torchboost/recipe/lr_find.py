@@ -15,6 +15,7 @@ from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
 from torchboost.recipe.build import build_loss, build_model, optimizer_from_config
 from torchboost.recipe.config import Config
+from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race import racer_config
 from torchboost.seed import seed_everything
@@ -31,7 +32,7 @@ def lr_find(cfg: Config, train_ds: Dataset, names: Iterable[str], start: float =
     """One sweep per optimizer name, each from the recipe's seed (same weights, same batch order)."""
     lrs = lr_sweep(start, end, updates)
     device = resolve_device(cfg.train.device)
-    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+    norm = input_norm(cfg.data)
     results = {}
     for name in names:
         run = racer_config(cfg, name)

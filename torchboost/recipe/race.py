@@ -33,6 +33,7 @@ from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config
 from torchboost.recipe.config import Config, merge, parse_override
+from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race_trace import layer_trace, traced_weights
 from torchboost.recipe.resolve import fit_batch
@@ -260,7 +261,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
     if racer.make_step is not None:
         step = racer.make_step(model, loss_fn, opt, schedule)
     else:
-        norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+        norm = input_norm(cfg.data)
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
     return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt)
@@ -277,7 +278,7 @@ def relative_schedule(cfg: Config, lr: float) -> Config:
 
 def _eval_batches(cfg: Config, eval_ds: Dataset, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The evaluation set, loaded once onto the device and shared by every run (a race is for quick sets)."""
-    norm = (cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None
+    norm = input_norm(cfg.data)
     loader = build_loader(eval_ds, cfg.data.eval_batch_size, False, workers=cfg.data.workers)
     return [(prepare_input(x, device, input_norm=norm), y.to(device)) for x, y in loader]
 

@@ -32,7 +32,8 @@ from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 AUTO, LAST = "auto", "last"
 # --set keys whose change makes the continuation a different run (its data order, shapes or state)
 BREAKING = ("data.", "model.", "train.seed", "train.accumulation_steps", "optim.name", "boost.")
-HARMLESS = ("data.workers", "data.pin_memory", "data.eval_batch_size", "data.skip_corrupt")
+# data.decode: the same samples and crops either way, pixels within a few grey levels (data/device_decode.py)
+HARMLESS = ("data.workers", "data.pin_memory", "data.eval_batch_size", "data.skip_corrupt", "data.decode")
 PATH_KEYS = ("data.path", "train.init_weights")  # the same file or folder may be spelt in several ways
 
 

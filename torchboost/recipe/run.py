@@ -27,7 +27,7 @@ from torchboost.recipe.build import (build_ema, build_grad_scaler, build_loss, b
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
-from torchboost.recipe.data import load_data
+from torchboost.recipe.data import input_norm, load_data
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
@@ -280,7 +280,7 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
     step = StepOptions(lr_schedule=build_schedule(cfg, lr, steps_per_epoch), clip_global_norm=t.clip_global_norm,
                        clip_value=t.clip_value, ema=ema, hooks=hooks, channels_last=cfg.model.channels_last,
                        compute_accuracy=True,  # train top-1 feeds the history's train/validation gap
-                       input_norm=(cfg.data.mean, cfg.data.std) if cfg.data.normalize_on_device else None,
+                       input_norm=input_norm(cfg.data),
                        nonfinite=t.nonfinite, max_nonfinite_steps=t.max_nonfinite_steps,
                        # the host reads the loss when it logs it anyway, and before each step checkpoint
                        check_every=math.gcd(t.log_every, cfg.checkpoint.save_every_steps), compile=t.compile)

@@ -19,10 +19,12 @@ import os
 from pathlib import Path
 
 from torchboost.boost import resolve_boost
+from torchboost.data.device_decode import nvjpeg
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OPTIMIZERS, get_optimizer
 from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.recipe.config import Config, DataConfig
+from torchboost.recipe.data import host_augments
 from torchboost.recipe.kinds import DATA_KINDS, FOLDER, DataKind, get_kind
 from torchboost.recipe.optimizers import check_section, section_class, typed_section
 from torchboost.train.device import resolve_device
@@ -93,6 +95,7 @@ def _check_data(cfg: Config) -> None:
     if d.random_shift and not kind.shift:
         raise ConfigError(f"data.random_shift does not apply to data.dataset={d.dataset}", "drop data.random_shift")
     _check_augmentations(d, kind)
+    _check_decode(cfg, kind)
     if not kind.streamed and (d.train_shards or d.eval_shards):
         streamed = ", ".join(k for k, e in DATA_KINDS.items() if e.streamed)
         raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
@@ -130,6 +133,28 @@ def _check_augmentations(d: DataConfig, kind: DataKind) -> None:
     if d.mixup_switch_prob != default["mixup_switch_prob"] and not (d.mixup_alpha > 0 and d.cutmix_alpha > 0):
         raise ConfigError(f"data.mixup_switch_prob={d.mixup_switch_prob} only chooses between mixup and cutmix",
                           "set both data.mixup_alpha and data.cutmix_alpha > 0, or drop data.mixup_switch_prob")
+
+
+def _check_decode(cfg: Config, kind: DataKind) -> None:
+    """data.decode=device: on the kinds that decode image files, without an augmentation that needs the decoded
+    image in the loader, and on CUDA only with torchvision's nvJPEG (`auto` picks cpu for each of these)."""
+    d = cfg.data
+    if d.decode != "device":
+        return
+    if not kind.device_decode:
+        kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.device_decode)
+        raise ConfigError(f"data.decode=device does not apply to data.dataset={d.dataset} (it decodes no image "
+                          "files)", f"drop data.decode, or train on {kinds} data")
+    found = host_augments(d)
+    if found:
+        raise ConfigError(f"data.decode=device cannot be combined with {found[0]}: it needs the decoded image in "
+                          "the loader", f"set data.decode=cpu, or drop {found[0].split('=')[0]}")
+    try:
+        cuda = resolve_device(cfg.train.device).type == "cuda"
+    except ConfigError:
+        return  # `validate` says what is wrong with train.device
+    if cuda:
+        nvjpeg(3)  # a one-line ConfigError when torchvision does not import
 
 
 def _check_model(cfg: Config) -> None:
