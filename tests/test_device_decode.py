@@ -396,3 +396,31 @@ def test_nvjpeg_batches_match_the_cpu_decoder(photos):
     assert pinned.data.is_pinned() and torch.equal(pinned.to_images("cuda").cpu(), gpu.to(torch.uint8))
     x, _ = next(iter(build_loader(ds, 8, True, workers=2, pin_memory=True)))  # the pin-memory thread pins it
     assert isinstance(x, DeviceBatch) and x.data.is_pinned() and x.to_images("cuda").is_cuda
+
+
+# --- the prefetcher: the next batch's images made ahead, in a thread ------------------------------------------
+def test_the_prefetcher_gives_the_loaders_batches_with_their_images_made(photos):
+    from torchboost.data.prefetch import DevicePrefetcher
+    ds = ImageFolder(photos / "train", DeviceDecode(rgb_train()))
+    loader = build_loader(ds, 6, True, workers=0, seed=5)
+    ahead = DevicePrefetcher(loader, torch.device("cpu"))
+    assert len(ahead) == len(loader) and ahead.sampler is loader.sampler and ahead.dataset is ds
+    set_epoch(ahead, 2)  # the loader's sampler, through the wrapper
+    got = [(x._images, y) for x, y in ahead]  # made by the prefetcher's thread
+    want = epoch_batches(ds, 0, epoch=2)
+    assert len(got) == len(want) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                         for a, b in zip(got, want))
+
+
+def test_the_prefetcher_raises_a_batchs_error_where_it_is_read_and_stops_when_left(tmp_path):
+    from torchboost.data.prefetch import DevicePrefetcher
+    whole = jpeg_bytes(picture(400, 300, 2))
+    root = one_class(tmp_path, "1-bad.jpg", whole[:600] + bytes(range(256)) * 20 + b"\xff\xd9")
+    ds = ImageFolder(root, DeviceDecode(rgb_train()))
+    with pytest.raises(DataError, match="1-bad.jpg"):
+        list(DevicePrefetcher(build_loader(ds, 2, False), torch.device("cpu")))
+    many = [(torch.zeros(1), torch.zeros(1)) for _ in range(50)]  # plain batches pass through untouched
+    it = iter(DevicePrefetcher(many, torch.device("cpu"), depth=1))
+    assert next(it) is many[0]
+    it.close()  # the consumer leaves early: the thread ends instead of waiting on a full queue
+    assert not any(t.name == "torchboost-prefetch" and t.is_alive() for t in __import__("threading").enumerate())

@@ -218,8 +218,13 @@ def build_loaders(cfg: Config, train_ds, eval_ds, info: dist.DistInfo, device: t
     kw = dict(workers=cfg.data.workers, pin_memory=cfg.data.pin_memory and device.type == "cuda",
               seed=cfg.train.seed, rank=info.rank, world_size=info.world_size)
     # recipe.resolve.fit_batch made the batch fit: every epoch has at least one update
-    return build_loader(train_ds, cfg.data.batch_size, True, **kw), build_loader(eval_ds, cfg.data.eval_batch_size,
-                                                                                 False, **kw)
+    loaders = build_loader(train_ds, cfg.data.batch_size, True, **kw), build_loader(eval_ds, cfg.data.eval_batch_size,
+                                                                                    False, **kw)
+    if cfg.data.decode == "device" and device.type == "cuda":  # nvJPEG one batch ahead, off the step's stream
+        from torchboost.data.prefetch import DevicePrefetcher
+
+        loaders = tuple(DevicePrefetcher(loader, device) for loader in loaders)
+    return loaders
 
 
 def check_stem(cfg: Config, state: dict, own: dict) -> None:
