@@ -38,6 +38,7 @@ from torch import nn
 from data_pipeline import photo
 from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceDecode, ImageFolder, build_loader, export_shards,
                              open_shards, set_epoch, train_transform)
+from torchboost.data.prefetch import DevicePrefetcher
 from torchboost.models import create_model
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, OptimizerArgs, build_optimizer
 from torchboost.train.device import cpu_has_bf16, resolve_device, sync
@@ -93,9 +94,13 @@ def sources(args, folder: Path, shards: Path, device: torch.device) -> dict[str,
     kw = dict(workers=args.workers, pin_memory=device.type == "cuda", seed=0)
     x = torch.randint(0, 256, (args.batch, 3, args.image_size, args.image_size), dtype=torch.uint8, device=device)
     y = torch.randint(0, 1000, (args.batch,), device=device)
+    def device_loader(ds):  # as `torchboost train` builds it: on CUDA the next batch decoded ahead
+        loader = build_loader(ds, args.batch, True, **kw)
+        return DevicePrefetcher(loader, device) if device.type == "cuda" and not args.no_prefetch else loader
+
     out = {"synthetic": itertools.repeat((x, y)),
-           "folder": batches(build_loader(ImageFolder(folder / "train", DeviceDecode(t)), args.batch, True, **kw)),
-           "shards": batches(build_loader(open_shards(shards, "train", DeviceDecode(t)), args.batch, True, **kw))}
+           "folder": batches(device_loader(ImageFolder(folder / "train", DeviceDecode(t)))),
+           "shards": batches(device_loader(open_shards(shards, "train", DeviceDecode(t))))}
     if args.cpu_path:
         out["folder, cpu"] = batches(build_loader(ImageFolder(folder / "train", t), args.batch, True, **kw))
     return out
@@ -125,6 +130,7 @@ def main() -> None:
                     "CUDA, 10 on the CPU)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of one timed block per source")
     ap.add_argument("--device", default="cuda", help="cuda or cpu")
+    ap.add_argument("--no-prefetch", action="store_true", help="decode inside the step (no DevicePrefetcher)")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
