@@ -198,11 +198,13 @@ def forward_macs(net: torch.nn.Module, size: int, device: torch.device) -> int:
 
 
 def plain_loop(device: torch.device, batch: int, size: int, compiled: bool, steps: int, warmup: int) -> float:
-    """Median step seconds of a hand-written loop over torchvision's resnet50 (bf16 autocast, channels_last)."""
+    """Median step seconds of a hand-written loop over torchvision's resnet50 (bf16 autocast, channels_last), with
+    the optimizer `make_step`'s Model gets: the registry's fused momentum SGD (momentum 0.9, no weight decay), so
+    only the loop and the model definition differ (benchmarks/gpu_rows.py r50 also times the same model)."""
     import torchvision  # only here: torchvision is a CUDA build and cannot even be imported on CPU torch
 
     net = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, foreach=True)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=True)
     fwd = torch.compile(net) if compiled else net
     x = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=device)
@@ -274,7 +276,7 @@ def gpu_section(device: torch.device, batch: int, size: int, steps: int, warmup:
     flops = 3 * 2 * forward_macs(create_model("resnet50").to(device), size, device)  # fwd + 2x bwd, 2 per MAC
     print(f"\nGPU section: {name}, torch {torch.__version__}; measured bf16 matmul peak {peak / 1e12:.1f} "
           f"TFLOP/s; ResNet-50 {size}px training = {flops / 1e9:.1f} GFLOP/image (3 x forward, 2 FLOPs per MAC)")
-    print(f"{'ResNet-50 bf16 channels_last, SGD foreach':<44}{'batch':>6}{'ms/step':>9}{'img/s':>9}{'% peak':>8}"
+    print(f"{'ResNet-50 bf16 channels_last, fused SGD':<44}{'batch':>6}{'ms/step':>9}{'img/s':>9}{'% peak':>8}"
           f"{'vs plain':>9}")
     ours: dict[bool, float | None] = {}
     plain: dict[bool, float | None] = {}

@@ -141,9 +141,11 @@ def build_model(opts: BenchOptions, device: torch.device,
     opt = optimizer(net) if optimizer else build_optimizer(DEFAULT_OPTIMIZER, net, OptimizerArgs(lr=1e-3))
     dtype = PRECISIONS[opts.precision]
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None  # fp16 needs loss scaling
+    # check_every: the host reads the loss's finiteness every 50 updates, as `torchboost train` does at its log
+    # interval; a read per update would drain a GPU's queue each step and measure that instead
     return Model(net, nn.CrossEntropyLoss(), opt, device=device, amp_dtype=dtype, grad_scaler=scaler,
                  channels_last=opts.channels_last, input_norm=DEFAULT_STATS[channels],
-                 compile="default" if opts.compile else "none")
+                 compile="default" if opts.compile else "none", check_every=50)
 
 
 def make_step(opts: BenchOptions, device: torch.device,
