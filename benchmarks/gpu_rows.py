@@ -179,7 +179,7 @@ def smoke_compile(run: Run) -> None:
     smoke test runs the compiled code paths in seconds instead of minutes of C++ compiling on 2 cores."""
     import torch
 
-    if run.cuda or getattr(torch.compile, "smoke", False):
+    if run.cuda or not run.small or getattr(torch.compile, "smoke", False):
         return
     real = torch.compile
 
