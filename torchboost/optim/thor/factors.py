@@ -136,6 +136,16 @@ def _noop_factory() -> Callable:
     return _noop
 
 
+def armed_hook(handle: Any, on: bool, register: Callable[[], Any]) -> Any:
+    """A hook that exists only while `on`: the handle to keep (`register()`'s while on, None while off)."""
+    if on and handle is None:
+        return register()
+    if not on and handle is not None:
+        handle.remove()
+        return None
+    return handle
+
+
 class LayerCapture:
     """Sums one layer's A and G statistics (diagonal blocks of sizes `blocks`) over its calls until
     `consume()`.
@@ -166,11 +176,8 @@ class LayerCapture:
     def enabled(self, on: bool) -> None:
         # the hook exists only while armed for a refresh: the forwards between refreshes run no THOR code, so
         # torch.compile traces the bare model
-        if on and self.handle is None and not self.removed:
-            self.handle = self.module.register_forward_hook(DetachedHook(self._on_forward))
-        elif not on and self.handle is not None:
-            self.handle.remove()
-            self.handle = None
+        self.handle = armed_hook(self.handle, on and not self.removed,
+                                 lambda: self.module.register_forward_hook(DetachedHook(self._on_forward)))
 
     def _reset(self) -> None:
         self.a_sum: Tensor | None = None

@@ -29,7 +29,7 @@ from torchboost.optim.protocol import TrainerProtocol
 from torchboost.optim.thor import distributed as thor_dist
 from torchboost.optim.thor.args import (PreconditionerArgs, Schedule, ThorOptions, Value, check_thor_args,
                                         check_thor_options, thor_options)
-from torchboost.optim.thor.factors import DetachedHook, factor_dtype
+from torchboost.optim.thor.factors import DetachedHook, armed_hook, factor_dtype
 from torchboost.optim.thor.layer import ThorLayer, find_layers
 
 
@@ -83,12 +83,9 @@ class ThorPreconditioner:
         only then (EKFAC counts every update's samples: its pre-hook stays)."""
         for l in self.layers.values():
             l.capture.enabled = self.update_index >= l.next_inverse
-        armed = self._ekfac or self.refresh_due()
-        if armed and self._pre_hook is None and not self._removed:
-            self._pre_hook = self.model.register_forward_pre_hook(DetachedHook(self._count_forward))
-        elif not armed and self._pre_hook is not None:
-            self._pre_hook.remove()
-            self._pre_hook = None
+        armed = (self._ekfac or self.refresh_due()) and not self._removed
+        self._pre_hook = armed_hook(self._pre_hook, armed,
+                                    lambda: self.model.register_forward_pre_hook(DetachedHook(self._count_forward)))
 
     def refresh_due(self) -> bool:
         """Whether the coming update refreshes a layer (its forward must then run eagerly, with the hooks)."""
@@ -234,9 +231,7 @@ class ThorPreconditioner:
     def remove_hooks(self) -> None:
         """Detach the hooks from the model (curvature stops being refreshed)."""
         self._removed = True
-        if self._pre_hook is not None:
-            self._pre_hook.remove()
-            self._pre_hook = None
+        self._pre_hook = armed_hook(self._pre_hook, False, lambda: None)
         for l in self.layers.values():
             l.capture.remove()
 
