@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchboost.optim.thor import THOR
-from torchboost.optim.thor.inverse import damped_inverse
+from torchboost.optim.thor.inverse import damped_inverse, damped_inverses
 
 LAM = 0.05
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")
@@ -186,3 +186,28 @@ def test_thor_counts_damping_retries_and_keeps_previous_inverse_on_failure():
     assert opt.counters["inverse_failures"] == 1
     assert torch.equal(opt.layers["0"].A_inv, first)
     assert all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def test_inversions_batched_across_factors_equal_each_alone_and_a_failure_stays_its_own():
+    # factors of two block sizes and different dampings/scales, padded and not; one indefinite beyond the retries
+    g = torch.Generator().manual_seed(3)
+
+    def spd(*shape):
+        x = torch.randn(*shape[:-1], 2 * shape[-1], generator=g, dtype=torch.float64)
+        return x @ x.transpose(-1, -2) / shape[-1]
+
+    factors = [(spd(1, 2, 4, 4), 7, 1e-3, 0.5), (spd(2, 1, 4, 4), 4, 1e-1, 1.0), (spd(1, 3, 6, 6), 16, 1e-2, 2.0)]
+    bad = torch.diag(torch.tensor([1.0, -5.0, 1.0, 1.0], dtype=torch.float64))[None, None]
+    together = damped_inverses([*factors, (bad, 4, 1e-6, 1.0)])
+    assert together[-1] is None  # the indefinite one fails alone
+    for (blocks, n, d, s), got in zip(factors, together):
+        inv, retries = got
+        alone, _ = damped_inverse(blocks, n, d, s)
+        assert torch.equal(inv, alone) and retries == 0
+        dense = blocks.clone()  # float64 reference: scale * (block + d I)^-1, padding as identity
+        nb, b = blocks.shape[1], blocks.shape[2]
+        pad = nb * b - n
+        if pad:
+            dense[:, -1, b - pad:, b - pad:] += torch.eye(pad, dtype=torch.float64)
+        want = s * torch.linalg.inv(dense + d * torch.eye(b, dtype=torch.float64))
+        torch.testing.assert_close(inv, want, rtol=1e-10, atol=1e-12)

@@ -27,39 +27,71 @@ def block_shape(groups: int, n: int, b: int) -> torch.Size:
     return torch.Size((groups, math.ceil(n / b), b, b))
 
 
-def _cholesky_inverse(blocks: Tensor, damping: float, max_retries: int) -> tuple[Tensor, int]:
-    """Invert (B, b, b) SPD blocks + damping*I by Cholesky; a failing block is retried with 10x its
-    damping (up to max_retries times) rather than returning NaN. Returns (inverse, retries used)."""
+def _cholesky_inverse(blocks: Tensor, damping: Tensor, max_retries: int) -> tuple[Tensor, Tensor]:
+    """Invert (B, b, b) SPD blocks + damping[i]*I by Cholesky; a failing block is retried with 10x its damping
+    (up to max_retries times) rather than returning NaN. Returns (inverse, retries per block: max_retries + 1
+    where the block still failed)."""
     eye = torch.eye(blocks.shape[-1], dtype=blocks.dtype, device=blocks.device)
-    damp = torch.full((blocks.shape[0], 1, 1), damping, dtype=blocks.dtype, device=blocks.device)
+    damp = damping.to(blocks.dtype).reshape(-1, 1, 1).clone()
     chol, info = torch.linalg.cholesky_ex(blocks + damp * eye)
-    retries = 0
-    while bool((info != 0).any()):
-        if retries == max_retries:
-            raise torch.linalg.LinAlgError(f"Cholesky failed after {max_retries} damping increases")
-        bad = info != 0
+    tries = torch.zeros(blocks.shape[0], dtype=torch.long, device=blocks.device)
+    bad = info != 0
+    for _ in range(max_retries):
+        if not bool(bad.any()):  # the refresh's one host read per block size (and per retry)
+            break
         # 10x the damping; a zero damping starts from a small fraction of the block's mean diagonal
         floor = 1e-6 * blocks[bad].diagonal(dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-12)
         damp[bad] = torch.maximum(damp[bad] * 10, floor[:, None, None])
+        tries[bad] += 1
         chol_bad, info_bad = torch.linalg.cholesky_ex(blocks[bad] + damp[bad] * eye)
         chol[bad], info[bad] = chol_bad, info_bad
-        retries += 1
-    return torch.cholesky_inverse(chol), retries
+        bad = info != 0
+    tries[bad] = max_retries + 1
+    return torch.cholesky_inverse(chol), tries
+
+
+Factor = tuple[Tensor, int, float, float]  # (blocks (g, nb, b, b), n, damping, scale)
+
+
+def damped_inverses(factors: list[Factor], max_retries: int = MAX_DAMPING_RETRIES
+                    ) -> list[tuple[Tensor, int] | None]:
+    """scale * (blocks + damping*I)^-1 for each factor's (g, nb, b, b) diagonal blocks of an n x n matrix (the
+    padding beyond n becomes identity), with the Cholesky retries it used; None for a factor whose blocks still
+    fail after max_retries. Blocks of one size are inverted as one batch across factors: a refresh of every
+    layer is a few batched calls, not two per layer (on a GPU each call is launches and a host read)."""
+    flats = []
+    for blocks, n, _, _ in factors:
+        g, nb, b, _ = blocks.shape
+        pad = nb * b - n
+        if pad:
+            blocks = blocks.clone()
+            idx = torch.arange(b - pad, b, device=blocks.device)
+            blocks[:, -1, idx, idx] += 1.0
+        flats.append(blocks.reshape(-1, b, b))
+    groups: dict[tuple, list[int]] = {}
+    for i, f in enumerate(flats):
+        groups.setdefault((f.shape[-1], f.dtype, f.device), []).append(i)
+    out: list[tuple[Tensor, int] | None] = [None] * len(factors)
+    for members in groups.values():
+        sizes = [flats[i].shape[0] for i in members]
+        damping = torch.cat([torch.full((k,), factors[i][2], dtype=torch.float64) for i, k in zip(members, sizes)])
+        inv, tries = _cholesky_inverse(torch.cat([flats[i] for i in members]), damping.to(flats[members[0]].device),
+                                       max_retries)
+        used_by = torch.stack([t.max() for t in tries.split(sizes)]).tolist()  # one host read per block size
+        for i, inv_i, used in zip(members, inv.split(sizes), used_by):
+            if used <= max_retries:
+                blocks, _, _, scale = factors[i]
+                out[i] = ((inv_i * scale).reshape(blocks.shape[0], -1, *inv_i.shape[-2:]), used)
+    return out
 
 
 def damped_inverse(blocks: Tensor, n: int, damping: float, scale: float,
                    max_retries: int = MAX_DAMPING_RETRIES) -> tuple[Tensor, int]:
-    """scale * (blocks + damping*I)^-1 for the (g, nb, b, b) diagonal blocks of an n x n factor (the
-    padding beyond n becomes identity); also returns the Cholesky retries used."""
-    g, nb, b, _ = blocks.shape
-    pad = nb * b - n
-    if pad:
-        blocks = blocks.clone()
-        idx = torch.arange(b - pad, b, device=blocks.device)
-        blocks[:, -1, idx, idx] += 1.0
-    flat = blocks.reshape(-1, b, b)
-    inv, retries = _cholesky_inverse(flat, damping, max_retries)
-    return (inv * scale).reshape(g, -1, *inv.shape[-2:]), retries
+    """One factor's `damped_inverses`; raises LinAlgError when its blocks still fail after max_retries."""
+    result = damped_inverses([(blocks, n, damping, scale)], max_retries)[0]
+    if result is None:
+        raise torch.linalg.LinAlgError(f"Cholesky failed after {max_retries} damping increases")
+    return result
 
 
 def _blockdiag_times(inv: Tensor, w: Tensor) -> Tensor:

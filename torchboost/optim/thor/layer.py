@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchboost.errors import CheckpointError
 from torchboost.optim.thor.eigen import EigenState, block_eigh
 from torchboost.optim.thor.factors import LayerCapture, factor_dtype
-from torchboost.optim.thor.inverse import block_shape, block_size, damped_inverse, precondition
+from torchboost.optim.thor.inverse import Factor, block_shape, block_size, precondition
 
 # Saved by state_dict; everything else is rebuilt from the model. A state saved before THOR's options were pruned
 # also holds trace_ref, next_factor, interval_mult and skipped (the refresh skipping's bookkeeping): ignored.
@@ -60,15 +60,14 @@ class ThorLayer:
         """Flops-proportional cost of inverting both factors (blocks * b^3)."""
         return float(sum(s[0] * s[1] * s[2] ** 3 for s in self.factor_shapes()))
 
-    def invert(self, damping: float) -> tuple[Tensor, Tensor, int]:
-        """Damped inverses. Conv with T positions per sample (MindSpore's rule): F ~ T * A (x) G, so each factor
-        gets damping sqrt(damping/T) and each inverse the factor sqrt(1/T); T = 1 for linear layers."""
+    def to_invert(self, damping: float) -> tuple[Factor, Factor]:
+        """A's and G's damped inversions, for `damped_inverses` (which batches every layer's). Conv with T
+        positions per sample (MindSpore's rule): F ~ T * A (x) G, so each factor gets damping sqrt(damping/T) and
+        each inverse the factor sqrt(1/T); T = 1 for linear layers."""
         assert self.A is not None and self.G is not None
         d, s = math.sqrt(damping / self.T), math.sqrt(1.0 / self.T)
         n_in, n_out = self.sizes
-        a_inv, ra = damped_inverse(self.A, n_in, d, s)
-        g_inv, rg = damped_inverse(self.G, n_out, d, s)
-        return a_inv, g_inv, ra + rg
+        return (self.A, n_in, d, s), (self.G, n_out, d, s)
 
     def eigenbases(self) -> tuple[Tensor, Tensor, int]:
         """EKFAC's refresh: the block eigenbases Q_A, Q_G of the factors (no retries: eigh needs no damping)."""

@@ -30,6 +30,7 @@ from torchboost.optim.thor import distributed as thor_dist
 from torchboost.optim.thor.args import (PreconditionerArgs, Schedule, ThorOptions, Value, check_thor_args,
                                         check_thor_options, thor_options)
 from torchboost.optim.thor.factors import DetachedHook, armed_hook, factor_dtype
+from torchboost.optim.thor.inverse import damped_inverses
 from torchboost.optim.thor.layer import ThorLayer, find_layers
 
 
@@ -178,19 +179,27 @@ class ThorPreconditioner:
             return
         rank = dist.get_rank(self.process_group) if world > 1 else 0
         owners = thor_dist.assign_owners([l.inverse_cost() for l in todo], world)
+        mine = [l for l, owner in zip(todo, owners) if owner == rank]
+        if self._ekfac:
+            done = [_eigenbases(l) for l in mine]
+        else:  # every layer's factors in a few batched inversions, one per block size
+            inverses = damped_inverses([f for l in mine for f in l.to_invert(damping)])
+            done = [None if a is None or g is None else (a[0], g[0], a[1] + g[1])
+                    for a, g in zip(inverses[::2], inverses[1::2])]
+        by_layer = dict(zip(map(id, mine), done))
         results: list[tuple[Tensor, Tensor] | None] = []
         for l, owner in zip(todo, owners):
             if owner != rank:
                 results.append(None)
                 continue
-            try:
-                a_inv, g_inv, retries = l.eigenbases() if self._ekfac else l.invert(damping)
-                self.counters["damping_retries"] += retries
-                self.counters["local_inversions"] += 1
-                results.append((a_inv, g_inv))
-            except torch.linalg.LinAlgError:
+            r = by_layer[id(l)]
+            if r is None:  # still not positive definite after the damping retries: the old inverse stays
                 self.counters["inverse_failures"] += 1
                 results.append(None)
+                continue
+            self.counters["damping_retries"] += r[2]
+            self.counters["local_inversions"] += 1
+            results.append((r[0], r[1]))
         if world > 1:
             w = todo[0].module.weight
             results = thor_dist.share_inverses(results, [l.factor_shapes() for l in todo], factor_dtype(w),
@@ -234,6 +243,13 @@ class ThorPreconditioner:
         self._pre_hook = armed_hook(self._pre_hook, False, lambda: None)
         for l in self.layers.values():
             l.capture.remove()
+
+
+def _eigenbases(layer: ThorLayer) -> tuple[Tensor, Tensor, int] | None:
+    try:
+        return layer.eigenbases()
+    except torch.linalg.LinAlgError:  # eigh did not converge: the old eigenbases stay
+        return None
 
 
 def _all_finite(stats: list[tuple[Tensor, Tensor, float]]) -> list[bool]:
