@@ -5,8 +5,9 @@ arrays). An optimizer follows at most one schedule: TrainStep refuses a second (
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -28,6 +29,22 @@ def follow_schedule(optimizer: torch.optim.Optimizer, schedule: Callable[[int], 
     to run (state the optimizer checkpoints, so a resumed run reads the schedule where it stopped)."""
     _FOLLOWING.add(optimizer)
     return optimizer.register_step_pre_hook(lambda opt, args, kwargs: set_lr(opt, schedule(index())))
+
+
+@contextlib.contextmanager
+def lrs_as_tensors(optimizer: torch.optim.Optimizer, tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Each group's lr as a 0-d tensor (from `tensors`, one per group, refilled) for the duration: a compiled
+    step reads a float as a constant of its graph and would recompile at every new value of a schedule. The
+    groups get their plain numbers back after (checkpoints, schedulers)."""
+    groups = optimizer.param_groups
+    floats = [g["lr"] for g in groups]
+    for g, t, lr in zip(groups, tensors, floats):
+        g["lr"] = t.fill_(lr)
+    try:
+        yield
+    finally:
+        for g, lr in zip(groups, floats):
+            g["lr"] = lr
 
 
 def follows_schedule(optimizer: torch.optim.Optimizer) -> bool:

@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import dist
 from ..errors import ConfigError, suggest
-from ..optim.lr import follows_schedule, set_lr
+from ..optim.lr import follows_schedule, lrs_as_tensors, set_lr
 from ..optim.protocol import protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
@@ -158,10 +158,10 @@ class TrainStep:
         all-reduce gives every rank the same verdict: a non-finite loss on one rank makes everyone's averaged
         gradients non-finite, so no collective is added)."""
         scaler = self.grad_scaler
-        wants = self.nonfinite == "skip" or (scaler is not None and skips_overflow(scaler))
-        return (wants and self.check_every > 1 and self.protocol.maskable and not self.hooks
-                and (self.device.type != "cpu" or self.undo_on_cpu)
-                and (scaler is None or skips_overflow(scaler))
+        if scaler is not None and not skips_overflow(scaler):  # overflows applied: nothing to undo for them
+            return False
+        return ((self.nonfinite == "skip" or scaler is not None) and self.check_every > 1 and self.protocol.maskable
+                and not self.hooks and (self.device.type != "cpu" or self.undo_on_cpu)
                 and (dist.get_world_size() == 1 or hasattr(self.model, "no_sync")))
 
     def _compile(self, mode: str) -> None:
@@ -178,16 +178,8 @@ class TrainStep:
         self.lr_tensors = [torch.zeros((), device=self.device) for _ in self.optimizer.param_groups]
 
     def run_compiled_step(self) -> None:
-        groups = self.optimizer.param_groups
-        floats = [g["lr"] for g in groups]
-        for g, t, lr in zip(groups, self.lr_tensors, floats):
-            t.fill_(lr)
-            g["lr"] = t
-        try:
+        with lrs_as_tensors(self.optimizer, self.lr_tensors):
             self.compiled_step()
-        finally:
-            for g, lr in zip(groups, floats):  # the groups keep plain numbers (checkpoints, schedulers)
-                g["lr"] = lr
 
     # --- pieces a subclass may override -------------------------------------------------------------
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,8 +246,7 @@ class TrainStep:
             opt.zero_grad(set_to_none=True)
             return StepOutput(loss=loss, samples=samples, correct=correct, skipped=True, nonfinite=True)
 
-        overflow = self.unscale_and_check()
-        drop = overflow and skips_overflow(scaler)
+        drop = self.unscale_and_check()
         if not drop:
             for h in self.hooks:
                 h.on_gradients(model)
@@ -281,9 +272,8 @@ class TrainStep:
         opt, scaler = self.optimizer, self.grad_scaler
         if scaler is not None:
             scaler.unscale_(opt)
-        grads = [p.grad for p in self.params_with_grad()]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()) if grads else loss * 0
-        self.last_grad_norm = norm
+        norm = self.grad_norm()
+        norm = loss * 0 if norm is None else norm
         grad_bad, loss_bad = ~torch.isfinite(norm), ~torch.isfinite(loss)
         drop = grad_bad | loss_bad if dist.get_world_size() == 1 else grad_bad
         nonfinite = loss_bad if scaler is not None else loss_bad | grad_bad  # under loss scaling: an overflow
@@ -291,7 +281,7 @@ class TrainStep:
             self.checks.count_streak(nonfinite, step)
         else:
             self.checks.note(nonfinite, step)
-        self.clip()
+        self.clip(norm)
         self.apply_step()
         if self.ema is not None:
             self.ema.update(self.ema_model)
@@ -320,26 +310,40 @@ class TrainStep:
     def nonfinite_streak(self) -> int | torch.Tensor:
         return self.checks.streak
 
+    def grad_norm(self) -> Optional[torch.Tensor]:
+        """The gradients' global 2-norm, on the device (None without gradients); kept as `last_grad_norm`."""
+        grads = [p.grad for p in self.params_with_grad()]
+        if not grads:
+            return None
+        self.last_grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+        return self.last_grad_norm
+
     def unscale_and_check(self) -> bool:
-        """Unscale gradients in place; True when they hold inf/NaN (only checked under loss scaling)."""
+        """Unscale gradients in place; True when they hold inf/NaN and the scaler drops such updates. This is
+        the per-update host read of the path that cannot undo an update on the device (`masks_on_device`:
+        check_every=1, the CPU, THOR, boost hooks)."""
         if self.grad_scaler is None:
             return False
         self.grad_scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.params_with_grad()]
-        if not grads:
+        if not skips_overflow(self.grad_scaler):  # applied either way: nothing to read
             return False
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
-        self.last_grad_norm = norm
+        norm = self.grad_norm()
         # Every rank must drop the same updates: without DDP averaging (Adasum, THOR's collectives) one
         # rank overflowing alone would leave the others waiting in a collective until the timeout.
-        return dist.any_rank(not bool(torch.isfinite(norm)))
+        return norm is not None and dist.any_rank(not bool(torch.isfinite(norm)))
 
-    def clip(self) -> None:
+    def clip(self, norm: Optional[torch.Tensor] = None) -> None:
+        """Clip by value, then by global norm; `norm`: the gradients' norm already computed this update (not
+        computed twice: it is one pass over every gradient)."""
         params = self.params_with_grad()
         if self.clip_value is not None:
             torch.nn.utils.clip_grad_value_(params, self.clip_value)
+            norm = None  # the values changed
         if self.clip_global_norm is not None:
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_global_norm)
+            if norm is None:
+                self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.clip_global_norm)
+            else:
+                torch.nn.utils.clip_grads_with_norm_(params, self.clip_global_norm, norm)
 
     def apply_step(self) -> None:
         """optimizer.step() on gradients ready to apply (compiled when asked)."""

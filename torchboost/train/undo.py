@@ -19,10 +19,10 @@ import torch
 from torch import Tensor, nn
 
 
-def _layout(state: dict) -> tuple:
+def _layout(state: dict) -> set:
     """The optimizer state's shape as the host sees it: which entries exist, and every non-tensor value."""
-    return tuple(sorted((i, k, None if isinstance(v, Tensor) else repr(v))
-                        for i, entry in state["state"].items() for k, v in entry.items()))
+    return {(id(p), k, None if isinstance(v, Tensor) else repr(v))
+            for p, entry in state.items() for k, v in entry.items()}
 
 
 class UpdateUndo:
@@ -33,7 +33,7 @@ class UpdateUndo:
         self.model, self.optimizer, self.ema_module = model, optimizer, ema_module
         self.live: list[Tensor] = []
         self.saved: list[Tensor] = []
-        self.before: Optional[dict] = None  # the optimizer's state_dict at save time (references)
+        self.before: Optional[dict] = None  # the optimizer's per-parameter state at save time (tensor references)
         self.n_buffers = 0  # live[:n_buffers] are the model's buffers
 
     def _tensors(self, whole: bool) -> list[Tensor]:
@@ -43,10 +43,8 @@ class UpdateUndo:
         if not whole:
             return out
         out += [p.data for p in self.model.parameters()]
-        packed = self.optimizer.state_dict()  # its per-parameter dicts are the live ones: copy them
-        self.before = {**packed, "state": {i: dict(entry) for i, entry in packed["state"].items()}}
-        out += [v for entry in self.before["state"].values() for v in entry.values()
-                if isinstance(v, Tensor) and v.numel()]
+        self.before = {p: dict(entry) for p, entry in self.optimizer.state.items()}  # the entries as they are
+        out += [v for entry in self.before.values() for v in entry.values() if isinstance(v, Tensor) and v.numel()]
         if self.ema_module is not None:
             out += [t.data for t in self.ema_module.state_dict().values() if t.is_floating_point()]
         return out
@@ -75,14 +73,21 @@ class UpdateUndo:
             if key not in keeps:  # on another device (a CPU step counter beside CUDA weights) the copy waits
                 keeps[key] = (~flag).to(t.device)
             torch.where(keeps[key], t, s, out=t)
-        if self.before is not None and _layout(self.before) != _layout(self.optimizer.state_dict()):
+        if self.before is not None and _layout(self.before) != _layout(self.optimizer.state):
             if bool(drop):  # the host read: new state entries go, the next update creates them afresh
-                self.optimizer.load_state_dict(self.before)
+                self._put_back_entries()
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put everything saved back (the decision was made on the host)."""
         if self.live:
             torch._foreach_copy_(self.live, self.saved)
-        if self.before is not None and _layout(self.before) != _layout(self.optimizer.state_dict()):
-            self.optimizer.load_state_dict(self.before)
+        if self.before is not None and _layout(self.before) != _layout(self.optimizer.state):
+            self._put_back_entries()
+
+    def _put_back_entries(self) -> None:
+        """The optimizer's per-parameter entries as saved: keys the update added go (the next update creates them
+        afresh), non-tensor values come back (tensors were restored in place)."""
+        for p, entry in self.optimizer.state.items():
+            entry.clear()
+            entry.update(self.before.get(p, {}))

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torchboost.errors import ConfigError
 from torchboost.optim.thor.args import Schedule, ThorArgs, ThorOptions, Value, check_thor_args, thor_options
 from torchboost.optim.closure import evaluate_closure
-from torchboost.optim.lr import follow_schedule
+from torchboost.optim.lr import follow_schedule, lrs_as_tensors
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
 
 
@@ -83,16 +83,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
         loss = evaluate_closure(closure)
         if self._compiled is not None and not self.preconditioner.refresh_due():
-            # between refreshes: the compiled update, reading each group's lr from a 0-d tensor for the call (a
-            # float is a constant of the graph: recompiled at each new value of a schedule)
-            floats = [group["lr"] for group in self.param_groups]
-            for t, group, lr in zip(self._lr_tensors, self.param_groups, floats):
-                group["lr"] = t.fill_(lr)
-            try:
+            with lrs_as_tensors(self, self._lr_tensors):  # between refreshes: the compiled update
                 self._compiled()
-            finally:
-                for group, lr in zip(self.param_groups, floats):  # the groups keep plain numbers
-                    group["lr"] = lr
             self.preconditioner.advance()
             return loss
         graft = self.options.graft
