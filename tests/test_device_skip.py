@@ -235,3 +235,11 @@ def test_on_cuda_the_device_counts_one_sync_per_check():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert len(seen) <= 40 // 10, [str(w.message)[:80] for w in seen]
+
+
+def test_clipping_by_global_norm_gives_the_host_paths_weights():
+    host = run("sgd", 1, {3}, nonfinite="skip", max_nonfinite_steps=3, clip_global_norm=0.05)
+    device = run("sgd", 4, {3}, nonfinite="skip", max_nonfinite_steps=3, clip_global_norm=0.05)
+    assert device[3].masks_on_device
+    for k, v in host[0].state_dict().items():  # the norm computed once and reused by the clip: same result
+        torch.testing.assert_close(device[0].state_dict()[k], v, rtol=1e-6, atol=1e-7)
