@@ -1,6 +1,7 @@
 """Config loading, overrides and validation errors."""
 
 import pytest
+from PIL import Image
 
 from torchboost.recipe.config import Config, build_config, list_recipes, parse_override
 from torchboost.recipe.load import load_config
@@ -130,6 +131,7 @@ def test_train_reads_the_recipe_once_and_validates_once(data, resume, monkeypatc
     for split in ("train", "val"):
         for label in ("a", "b"):
             (folder / split / label).mkdir(parents=True)
+            Image.new("L", (8, 8)).save(folder / split / label / "0.png")  # sampled to choose the model
     argv = ["train", "-o", str(tmp_path / "out"), *(["--data", str(folder)] if data else []),
             *(["--resume", resume] if resume else [])]  # `auto` with nothing to continue: a new run
     with pytest.raises(_Started):

@@ -67,9 +67,10 @@ def shift_reference(x: torch.Tensor, dy: int, dx: int, fill: float) -> torch.Ten
 
 
 def test_shift_mode_resizes_whole_image_then_translates():
-    arr = gradient(40, 30)
-    whole = torch.from_numpy(np.asarray(Image.fromarray(arr).resize((20, 20), Image.BILINEAR)).copy())
-    whole = whole.permute(2, 0, 1)  # the whole image, aspect not kept, no crop
+    arr = gradient(40, 30)  # 30 rows × 40 columns
+    # evaluation's geometry at crop_pct 1: the shorter side to 20 (26×20), the centre 20×20 (columns 3..23)
+    whole = torch.from_numpy(np.asarray(Image.fromarray(arr).resize((26, 20), Image.BILINEAR))[:, 3:23].copy())
+    whole = whole.permute(2, 0, 1)
     t = train_transform(20, MEAN, STD, uint8=True, augment="shift", shift=3)
     moved = 0
     for index in range(12):

@@ -261,10 +261,10 @@ def test_train_and_resume_with_device_decoding_on_the_cpu(tmp_path):
     # the default recipe's random_shift (for digits) is not recorded beside the crops `auto` chose, so the
     # saved config passes validation again on resume
     assert saved["augment"] == "imagenet" and saved["random_shift"] == 0
-    again = run_cli(["train", "--resume", str(tmp_path / "run"), "--epochs", "2", *common], tmp_path)
+    again = run_cli(["train", "--force", "--resume", str(tmp_path / "run"), "--epochs", "2", *common], tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     # the same samples and crops either way: switching the decoder is not a different run (no --force)
-    third = run_cli(["train", "--resume", str(tmp_path / "run"), "--epochs", "3", "--set", "data.decode=cpu",
+    third = run_cli(["train", "--force", "--resume", str(tmp_path / "run"), "--epochs", "3", "--set", "data.decode=cpu",
                      *common], tmp_path)
     assert third.returncode == 0, third.stderr[-2000:]
     history = [yaml.safe_load(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
@@ -276,7 +276,7 @@ def test_decode_auto_is_cpu_without_cuda_and_device_refuses_what_needs_the_cpu(t
     from torchboost.recipe.data import infer_data
 
     base = ["data.dataset=folder", f"data.path={tmp_path}", "model.name=resnet18", "data.image_size=32",
-            "data.channels=3"]
+            "data.channels=3", "data.crop_pct=0.875"]  # all set: nothing to sample in this empty folder
     cfg = load_config("digits-lenet", [*base, "data.decode=auto", "train.device=cpu"])
     assert infer_data(cfg, log=lambda m: None).decode == "cpu"
     for extra, key in (("data.auto_augment=randaugment", "data.auto_augment"), ("data.random_erasing=0.25",
@@ -287,7 +287,7 @@ def test_decode_auto_is_cpu_without_cuda_and_device_refuses_what_needs_the_cpu(t
         load_config("digits-lenet", ["data.decode=device"])
     # `augment: auto` gives small images shifts: passes validation, refused once inferred
     cfg = load_config("digits-lenet", [*base[:3], "data.channels=3", "data.image_size=28", "data.random_shift=2",
-                                        "data.decode=device"])
+                                        "data.decode=device", "data.crop_pct=1.0"])
     with pytest.raises(ConfigError, match="data.decode=device cannot apply data.augment=shift"):
         infer_data(cfg, log=lambda m: None)
 

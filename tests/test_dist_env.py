@@ -289,7 +289,7 @@ def test_resume_given_to_one_rank_only_stops_both_with_the_same_line(tmp_path):
     before = sorted(p.name for p in out.rglob("*"))
     job = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     ranks = [cli([*TRAIN, "--epochs", "2", "-o", str(out)], RANK="0", LOCAL_RANK="0", **job),
-             cli([*TRAIN, "--epochs", "2", "--resume", str(out)], RANK="1", LOCAL_RANK="1", **job)]
+             cli([*TRAIN, "--epochs", "2", "--force", "--resume", str(out)], RANK="1", LOCAL_RANK="1", **job)]
     said = [one_error_line(p, timeout=90) for p in ranks]
     assert said[0] == said[1], said
     assert said[0].startswith("error: ranks disagree on resume, ")

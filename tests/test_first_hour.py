@@ -72,7 +72,8 @@ def test_eval_on_data_with_other_classes_is_refused(tmp_path, capsys):
 def test_mnist_as_pngs_trains_like_the_builtin_set(tmp_path, capsys):
     """Folder augmentation follows the model: no ImageNet crops for 28-px digits (76% -> ~95% in 2 epochs)."""
     root = export_folder("mnist5k", tmp_path / "mnist")
-    assert main(["train", "--data", str(root), "--epochs", "2", "--set", "data.random_shift=0", "-o",
+    assert main(["train", "--data", str(root), "--epochs", "2", "--set", "data.random_shift=0", "--set",
+                 "model.name=mnist_cnn", "-o",
                  str(tmp_path / "run"), *QUIET]) == 0
     acc = float(capsys.readouterr().out.split("final: top-1 ")[1].split(",")[0])
     assert acc >= 0.93
@@ -113,9 +114,9 @@ def test_resume_continues_in_its_own_folder_found_by_folder_last_or_auto(tmp_pat
     err = one_line(capsys, main(["train", "--epochs", "2", "--resume", str(a), "--set", "train.seed=3"]))
     assert "train.seed=0" in err and "--force" in err  # the run's own seed; a change is refused
     capsys.readouterr()
-    assert main(["train", "--epochs", "2", "--resume", str(a), *QUIET]) == 0  # the folder: its newest checkpoint
+    assert main(["train", "--epochs", "2", "--force", "--resume", str(a), *QUIET]) == 0  # the folder: its newest checkpoint
     assert "resume: train.epochs 1 -> 2" in capsys.readouterr().out
-    assert main(["train", "-c", "digits-lenet", "--epochs", "3", "-o", str(a), "--resume", "last", *QUIET]) == 0
+    assert main(["train", "-c", "digits-lenet", "--epochs", "3", "-o", str(a), "--force", "--resume", "last", *QUIET]) == 0
     rows = [json.loads(line) for line in (a / "history.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     fresh = tmp_path / "c"  # auto with nothing to continue starts fresh; then it continues

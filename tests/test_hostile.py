@@ -47,7 +47,7 @@ def test_a_crafted_checkpoint_cannot_delete_files_outside_its_run(tmp_path, caps
     torch.save(state, ckpt)
     capsys.readouterr()
     assert main(["train", *FAST, "--epochs", "4", "--set", "checkpoint.keep_max=1", "-o", str(out),
-                 "--resume", str(ckpt)]) == 0
+                 "--force", "--resume", str(ckpt)]) == 0
     assert victim.read_text() == "keep me"
     assert neighbour.read_bytes() == b"someone else's checkpoint"
     assert [p.name.rsplit("_", 1)[0] for p in (out / "ckpt").glob("mnist_cnn-*_*.pt")] == ["mnist_cnn-4"]

@@ -83,8 +83,8 @@ def command(name: str, run: Path, base: Path) -> list:
     ckpt = run / "ckpt" / checkpoint_of(base).name
     return {"fresh": ["train", *FAST, "--epochs", 1, "-o", run],
             "overwrite": ["train", *FAST, "--epochs", 1, "-o", run, "--overwrite"],
-            "resume-auto": ["train", *FAST, "--epochs", 2, "-o", run, "--resume", "auto"],
-            "resume-folder": ["train", *FAST, "--epochs", 2, "--resume", run],
+            "resume-auto": ["train", *FAST, "--epochs", 2, "-o", run, "--force", "--resume", "auto"],
+            "resume-folder": ["train", *FAST, "--epochs", 2, "--force", "--resume", run],
             "eval": ["eval", "--checkpoint", ckpt],
             "predict": ["predict", "--checkpoint", ckpt, base / "history.png"],
             "diff-config": ["diff-config", run, "digits-lenet"]}[name]
@@ -220,7 +220,7 @@ def test_any_value_in_any_field_of_a_checkpoint(data, value, name, mid_epoch, tm
         torch.save(replaced(state, path, value), ckpt)
     except Exception:  # noqa: BLE001 - a value torch cannot save cannot be in a file either
         return
-    argv = {"resume": ["train", *FAST, "--epochs", 2, "--resume", ckpt],
+    argv = {"resume": ["train", *FAST, "--epochs", 2, "--force", "--resume", ckpt],
             "eval": ["eval", "--checkpoint", ckpt],
             "predict": ["predict", "--checkpoint", ckpt, source.parent.parent / "history.png"],
             "diff-config": ["diff-config", ckpt, "digits-lenet"]}[name]

@@ -109,7 +109,7 @@ def test_small_images_keep_their_native_size_with_a_resnet(tmp_path, capsys):
 def test_predict_formats_and_a_newline_in_a_file_name(tmp_path, capsys):
     data = make_folder(tmp_path / "d")
     assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
-    (ckpt,) = (tmp_path / "o" / "ckpt").glob("mnist_cnn-best.pt")
+    (ckpt,) = (tmp_path / "o" / "ckpt").glob("*-best.pt")
     odd = tmp_path / "a\nb.png"
     Image.new("L", (12, 12)).save(odd, format="PNG")
     capsys.readouterr()
@@ -125,7 +125,7 @@ def test_predict_formats_and_a_newline_in_a_file_name(tmp_path, capsys):
 def test_eval_says_what_it_read_and_refuses_a_path_as_split(tmp_path, capsys):
     data = make_folder(tmp_path / "d")
     assert main(["train", "--data", str(data), *QUIET, "-o", str(tmp_path / "o"), "--set", "data.batch_size=6"]) == 0
-    (ckpt,) = (tmp_path / "o" / "ckpt").glob("mnist_cnn-best.pt")
+    (ckpt,) = (tmp_path / "o" / "ckpt").glob("*-best.pt")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "val"]) == 0
     assert f"evaluated {data / 'val'} (folder): 18 images" in capsys.readouterr().out
@@ -140,7 +140,7 @@ def test_fine_tuning_onto_other_classes_reinitialises_the_head_and_can_freeze_th
     from torchboost.train.checkpoint import load_checkpoint
 
     assert main(["train", "-c", "digits-lenet", *QUIET, "-o", str(tmp_path / "src")]) == 0  # 10 classes, 8 px
-    (src,) = (tmp_path / "src" / "ckpt").glob("mnist_cnn-best.pt")
+    (src,) = (tmp_path / "src" / "ckpt").glob("*-best.pt")
     data = make_folder(tmp_path / "d", size=8)  # 3 classes
     capsys.readouterr()
     assert main(["train", "--data", str(data), "-c", "digits-lenet", "--epochs", "2", "-o", str(tmp_path / "ft"),
@@ -210,9 +210,9 @@ def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):
     assert "note: data.batch_size=64 is larger than the 18 training images there are: each epoch is one batch of 18" in out
     assert yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())["data"]["batch_size"] == 18
     # one update per epoch: checkpoints are named PREFIX-EPOCH_STEP
-    assert sorted(p.name for p in (tmp_path / "o" / "ckpt").glob("*-?_*.pt")) == ["mnist_cnn-1_1.pt", "mnist_cnn-2_1.pt"]
-    assert main(["train", "--resume", str(tmp_path / "o"), *QUIET, "--epochs", "3"]) == 0  # the recorded batch resumes
-    assert (tmp_path / "o" / "ckpt" / "mnist_cnn-3_1.pt").is_file()
+    assert sorted(p.name for p in (tmp_path / "o" / "ckpt").glob("*-?_*.pt")) == ["resnet20-1_1.pt", "resnet20-2_1.pt"]
+    assert main(["train", "--force", "--resume", str(tmp_path / "o"), *QUIET, "--epochs", "3"]) == 0  # the recorded batch resumes
+    assert (tmp_path / "o" / "ckpt" / "resnet20-3_1.pt").is_file()
 
 
 def test_fewer_than_two_images_per_process_is_refused():

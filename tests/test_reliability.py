@@ -138,7 +138,8 @@ def run_copy(base_run, tmp_path) -> Path:
 
 
 def resume(capsys, out: Path, *extra, epochs: int = 2, ckpt: str = "mnist_cnn-1_44.pt"):
-    return train(capsys, out, "--resume", out / "ckpt" / ckpt, *extra, epochs=epochs)
+    """Continues the 1-epoch base run for more epochs: --force, as the lr schedule is recomputed."""
+    return train(capsys, out, "--resume", out / "ckpt" / ckpt, "--force", *extra, epochs=epochs)
 
 
 # --- resume, history, temp files ----------------------------------------------------------------------

@@ -66,7 +66,7 @@ def test_a_resumed_training_continues_its_mlflow_run_inside_the_run_folder(tmp_p
 
     assert main(["train", "-c", "digits-lenet", "--epochs", "2", "-b", "128", "-o", str(out),
                  "--set", "train.loggers=[csv,mlflow]", *FAST]) == 0
-    assert main(["train", "--resume", str(out), "--epochs", "3", *FAST]) == 0  # one more epoch
+    assert main(["train", "--force", "--resume", str(out), "--epochs", "3", *FAST]) == 0  # one more epoch
 
     client = client_for(out)
     run = only_run(client)

@@ -105,7 +105,8 @@ def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
                 Image.new("L", (12, 12), color=30 * i).save(d / f"{i}.png")
     (root / "train" / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     args = ["train", "--output", str(tmp_path / "out"), "--data", str(root), "--set", "data.image_size=12",
-            "--set", "train.epochs=1", "--set", "train.progress_bar=false", "--set", "data.batch_size=4"]
+            "--set", "train.epochs=1", "--set", "train.progress_bar=false", "--set", "data.batch_size=4",
+            "--set", "model.name=mnist_cnn"]
     assert "bad.png" in _error_line(capsys, args)
     assert main(args + ["--set", "data.skip_corrupt=true", "--overwrite"]) == 0
     assert "skipped 1 corrupt image(s)" in capsys.readouterr().out

@@ -46,7 +46,7 @@ def run(data, tmp_path_factory) -> Path:
 
 
 def test_eval_reads_the_split_it_names_and_says_which_folder(run, data, tmp_path, capsys):
-    ckpt = str(run / "ckpt/mnist_cnn-best.pt")
+    ckpt = str(run / "ckpt/resnet20-best.pt")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", ckpt, "--split", "test"]) == 0
     head, scores = capsys.readouterr().out.splitlines()
@@ -139,8 +139,8 @@ def test_ctrl_c_says_whether_a_checkpoint_exists(run, data, tmp_path, capsys, mo
     assert main([*fresh, "--overwrite"]) == 130  # what it said is true: the folder is taken, not refused
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    assert main(["train", "--resume", str(copy), "--epochs", "2", *QUIET]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == (f"interrupted: checkpoint {copy / 'ckpt/mnist_cnn-1_1.pt'} "
+    assert main(["train", "--force", "--resume", str(copy), "--epochs", "2", *QUIET]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (f"interrupted: checkpoint {copy / 'ckpt/resnet20-1_1.pt'} "
                                                         f"is complete; continue with: torchboost train --resume {copy}")
 
 
@@ -152,32 +152,34 @@ def test_the_data_note_is_said_once_per_run(run, data, capsys, monkeypatch):
     assert main(["train", "--data", str(data), "--print-config"]) == 0
     assert note not in capsys.readouterr().out
     monkeypatch.delenv("RANK")
-    assert main(["train", "--resume", str(run), "--data", str(data), "--epochs", "2", "--print-config"]) == 0
+    assert main(["train", "--force", "--resume", str(run), "--data", str(data), "--epochs", "2", "--print-config"]) == 0
     out = capsys.readouterr().out
-    assert note not in out and out.startswith("resume: train.epochs 1 -> 2\nname:")  # that line alone
+    assert note not in out and out.startswith("resume: train.epochs 1 -> 2 (forced)\nname:")  # that line alone
 
 
 def test_resume_prints_only_what_really_changed(run, data, capsys, monkeypatch):
     # the same command again with --resume auto: 3 classes left top-5 out and the batch of 64 was fitted to 18
     # images; neither is a change, and the run is not "a different run"
     same = ["train", "--data", str(data), "-o", str(run), "--resume", "auto", *QUIET, "--print-config"]
-    assert main([*same, "--epochs", "2"]) == 0
-    assert capsys.readouterr().out.startswith("resume: train.epochs 1 -> 2\nname:")
+    assert main([*same, "--epochs", "2"]) == 2  # a longer schedule is asked for with --force
+    assert "recomputes the lr schedule" in capsys.readouterr().err
+    assert main([*same, "--epochs", "2", "--force"]) == 0
+    assert capsys.readouterr().out.startswith("resume: train.epochs 1 -> 2 (forced)\nname:")
     assert main([*same, "--epochs", "1"]) == 0
     assert capsys.readouterr().out.startswith("name:")  # nothing changed, nothing said
     monkeypatch.chdir(data.parent)  # the same folder, spelt relative: not a change of data.path
-    assert main(["train", "--resume", str(run), "--data", data.name, "--epochs", "2", "--print-config"]) == 0
-    assert capsys.readouterr().out.startswith("resume: train.epochs 1 -> 2\nname:")
+    assert main(["train", "--force", "--resume", str(run), "--data", data.name, "--epochs", "2", "--print-config"]) == 0
+    assert capsys.readouterr().out.startswith("resume: train.epochs 1 -> 2 (forced)\nname:")
 
 
 def test_a_moved_data_set_resumes_when_its_classes_match(run, data, tmp_path, capsys):
     moved, copy = tmp_path / "moved", tmp_path / "copy"
     shutil.copytree(data, moved)
     shutil.copytree(run, copy)
-    assert main(["train", "--resume", str(copy), "--data", str(moved), "--epochs", "2", *QUIET]) == 0
+    assert main(["train", "--force", "--resume", str(copy), "--data", str(moved), "--epochs", "2", *QUIET]) == 0
     out = capsys.readouterr().out
     assert f"note: the data moved: resuming on {moved} (was {data}), which has the run's 3 classes" in out
-    assert "resume: data.path" not in out and f"on folder {moved} (18 train" in out
+    assert "resume: data.path" not in out and f"on folder {moved} (18 train images" in out
     rows = [json.loads(line) for line in (copy / "history.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2]
     other = make_folder(tmp_path / "other", classes=("0", "1", "9"))

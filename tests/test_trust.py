@@ -154,8 +154,8 @@ def test_overwrite_and_resume_never_touch_another_run_through_a_linked_ckpt(trai
     (run / "ckpt").symlink_to(other / "ckpt")  # the manifest's entries match the other run's files byte for byte
     before = tree_digest(other)
     assert "link out of the folder" in refused("train", *FAST, "--epochs", 1, "-o", run, "--overwrite")
-    assert "link out of the folder" in refused("train", *FAST, "--epochs", 2, "-o", run, "--resume", "auto")
-    assert "link out of the folder" in refused("train", *FAST, "--epochs", 2, "--resume", run)
+    assert "link out of the folder" in refused("train", *FAST, "--epochs", 2, "-o", run, "--force", "--resume", "auto")
+    assert "link out of the folder" in refused("train", *FAST, "--epochs", 2, "--force", "--resume", run)
     assert tree_digest(other) == before
 
 
@@ -206,7 +206,7 @@ def test_a_fifo_where_a_file_is_read_is_one_line(what, trained, tmp_path):
         shutil.copytree(trained, run)
         (run / "history.jsonl").unlink()
         os.mkfifo(run / "history.jsonl")
-        err = refused("train", *FAST, "--epochs", 2, "--resume", run)
+        err = refused("train", *FAST, "--epochs", 2, "--force", "--resume", run)
     assert "FIFO" in err or "not a file" in err, err
 
 
@@ -304,7 +304,7 @@ def _starvation_garbage(state):
 ])
 def test_saved_state_is_validated_before_a_resume(changes, words, trained, tmp_path):
     ckpt = tampered(trained, tmp_path, **changes)
-    err = refused("train", *FAST, "--epochs", 2, "--resume", ckpt)
+    err = refused("train", *FAST, "--epochs", 2, "--force", "--resume", ckpt)
     assert words in err, err
 
 

@@ -90,7 +90,7 @@ def test_the_recipe_pins_for_any_optimizer_and_resumes(tmp_path):
     args = ["train", "-c", "digits-lenet", "--set", "train.progress_bar=false", "--set", "optim.weight_norm=pin",
             "--set", "model.name=resnet20", "--set", "data.batch_size=64", "-o", str(out)]
     assert main([*args, "--epochs", "1"]) == 0
-    assert main(["train", "--resume", str(out), "--epochs", "2", "--set", "train.progress_bar=false"]) == 0
+    assert main(["train", "--force", "--resume", str(out), "--epochs", "2", "--set", "train.progress_bar=false"]) == 0
     (ckpt,) = (out / "ckpt").glob("*-2_*.pt")
     state = torch.load(ckpt, weights_only=True)["model"]
     net = _resnet()

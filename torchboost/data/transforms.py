@@ -233,6 +233,11 @@ class EvalTransform(ImageTransform):
         """The shorter side after the resize (size / crop_pct); the longer one follows the image's aspect."""
         return self.resize
 
+    def describe(self) -> str:
+        """The geometry in words, for the lines that name what an accuracy was computed on."""
+        crop = "the centre" if self.resize == self.size else "a centre crop of"
+        return f"shorter side resized to {self.resize} px, {crop} {self.size}×{self.size}"
+
     def crop(self, img: Image.Image) -> np.ndarray:
         """The resized and centre-cropped image as an H×W(×C) uint8 array."""
         (nw, nh), (left, top, right, bottom) = self.geometry(img.width, img.height)
@@ -262,9 +267,10 @@ class FlipTransform(EvalTransform):
 
 
 class ShiftTransform(ImageTransform):
-    """Resize the whole image to size × size, translate it by (dy, dx) drawn uniformly from
-    [-shift, shift]² (zeros move in: the background of MNIST-like images), normalize. The same draw from the
-    same stream as `TensorImageDataset(shift=...)`, so a folder of exported digits is augmented identically."""
+    """The evaluation geometry at crop_pct 1 (shorter side resized to size, centre crop: a square image
+    whole), translated by (dy, dx) drawn uniformly from [-shift, shift]² (zeros move in: the background of
+    MNIST-like images), normalize. The same draw from the same stream as `TensorImageDataset(shift=...)`, so
+    a folder of exported digits is augmented identically; at shift 0 it is EvalTransform(size, crop_pct=1)."""
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], shift: int,
                  uint8: bool = False) -> None:
@@ -273,14 +279,12 @@ class ShiftTransform(ImageTransform):
                               "set data.random_shift to a pixel count such as 2, or use augment 'none'")
         super().__init__(size, mean, std, uint8)
         self.shift = shift
+        self.whole = EvalTransform(size, mean, std, 1.0, uint8)  # what evaluation sees: one geometry for both
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = np.random.default_rng() if rng is None else rng
         dy, dx = rng.integers(-self.shift, self.shift + 1, size=2)
-        w, h = img.size
-        img, s = decode(img, self.mode, draft_scale(w, h, self.size, self.size))
-        a = resize_region(img, (0, 0, w / s, h / s), (self.size, self.size))
-        return self.finish(translate(a, int(dy), int(dx)), rng)
+        return self.finish(translate(self.whole.crop(img), int(dy), int(dx)), rng)
 
 
 def train_transform(size: int, mean: Sequence[float], std: Sequence[float], *, uint8: bool = False,

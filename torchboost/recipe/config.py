@@ -69,8 +69,10 @@ class DataConfig:
                                                     "own, ImageNet's for 3-channel folders and shards, 0.5 for "
                                                     "1-channel ones")
     std: Optional[list[float]] = option(None, gt=0, help="per-channel normalisation std; unset: as mean")
-    crop_pct: float = option(0.875, gt=0, le=1, help="evaluation centre crop: resize to image_size / crop_pct, "
-                                                     "then crop")
+    crop_pct: Optional[float] = option(None, gt=0, le=1, help="evaluation centre crop: resize the shorter side "
+                                       "to image_size / crop_pct, then crop; unset: 1.0 (the whole image, never "
+                                       "zoomed) where training sees whole images (in-memory sets, the shift "
+                                       "augmentation) or the images are no larger than image_size, else 0.875")
     synthetic_size: int = option(1024, ge=1, le=10_000_000, help="images in the synthetic data set")
     normalize_on_device: bool = option(False, help="ship uint8 batches and normalise on the device (4x fewer "
                                                    "bytes to copy)")

@@ -83,16 +83,31 @@ def folder_geometry(cfg: DataConfig) -> tuple[int, int, tuple, tuple]:
     return channels, size, mean, std
 
 
-def eval_preprocess(cfg: DataConfig) -> EvalTransform:
-    """A run's evaluation preprocessing for single image files (what `predict` feeds the model).
+ZOOM_CROP = 0.875  # the ImageNet convention for photos larger than the input: resize to size / 0.875, crop
 
-    Folder runs: their resize + centre crop and statistics. In-memory sets (MNIST, digits) are stored at
-    their native size: a file is resized to that size, whole (no crop), with the set's statistics."""
-    if not get_kind(cfg.dataset).in_memory:
-        _, size, mean, std = folder_geometry(cfg)
-        return eval_transform(size, mean, std, cfg.crop_pct, uint8=cfg.normalize_on_device)
-    ds = build_dataset(cfg, "test")
-    return eval_transform(ds.images.shape[-1], ds.mean, ds.std, crop_pct=1.0, uint8=cfg.normalize_on_device)
+
+def eval_crop(cfg: DataConfig, largest_side: int | None = None) -> float:
+    """The evaluation centre crop (`data.crop_pct`), derived from how training saw the images when unset: 1.0
+    (the whole image, never zoomed) for in-memory sets (stored at their native size), the shift augmentation
+    (which trains on whole images) and images no larger than the input (`largest_side`, from a sample); else
+    ZOOM_CROP. The one rule, for the run's validation, `eval`, `predict`, the best checkpoint and export."""
+    if cfg.crop_pct is not None:
+        return cfg.crop_pct
+    small = largest_side is not None and cfg.image_size is not None and largest_side <= cfg.image_size
+    whole = get_kind(cfg.dataset).in_memory or cfg.augment == "shift" or small
+    return 1.0 if whole else ZOOM_CROP
+
+
+def eval_preprocess(cfg: DataConfig) -> EvalTransform:
+    """A run's evaluation preprocessing of an image (a folder's or shard's evaluation split, and every file
+    `predict` reads): its resize + centre crop (`eval_crop`) and statistics. An in-memory set (MNIST, digits)
+    is stored at its native size: a file is resized to that size, whole, with the set's statistics."""
+    if cfg.image_size is None and get_kind(cfg.dataset).in_memory:  # a config not resolved from its data
+        ds = build_dataset(cfg, "test")
+        cfg = dataclasses.replace(cfg, image_size=ds.images.shape[-1], mean=list(ds.mean), std=list(ds.std),
+                                  channels=ds.images.shape[1])
+    _, size, mean, std = folder_geometry(cfg)
+    return eval_transform(size, mean, std, eval_crop(cfg), uint8=cfg.normalize_on_device)
 
 
 def _check_tensor_set(cfg: DataConfig, ds: TensorImageDataset) -> None:
@@ -128,7 +143,7 @@ def folder_train_transform(cfg: DataConfig, model_name: str) -> Any:
     _, size, mean, std = folder_geometry(cfg)
     augment = resolve_augment(cfg, model_name)
     return train_transform(size, mean, std, uint8=cfg.normalize_on_device, augment=augment,
-                           rrc_scale=tuple(cfg.rrc_scale), crop_pct=cfg.crop_pct,
+                           rrc_scale=tuple(cfg.rrc_scale), crop_pct=eval_crop(cfg),
                            shift=cfg.random_shift if augment == "shift" else 0, auto_augment=cfg.auto_augment,
                            randaugment_ops=cfg.randaugment_ops, randaugment_magnitude=cfg.randaugment_magnitude,
                            random_erasing=cfg.random_erasing)
@@ -182,6 +197,24 @@ def mixed(cfg: Config, d: DataConfig, train_ds: Dataset) -> Dataset:
     mixup = Mixup(cfg.model.num_classes or len(train_ds.classes), d.mixup_alpha, d.cutmix_alpha, d.mixup_prob,
                   d.mixup_switch_prob, cfg.train.label_smoothing)
     return MixedBatches(train_ds, mixup)
+
+
+SMALL_MODEL, PHOTO_MODEL = "resnet20", "resnet18"  # what `train --data DIR` trains when no model is chosen
+
+
+def model_for_data(cfg: DataConfig) -> tuple[str, str]:
+    """(model name, why) for data a user brought without choosing a model: a sample of the training images
+    decides. Small images (<= SMALL_IMAGE px): the CIFAR-style ResNet-20 at their native size; larger ones
+    (photos): ResNet-18 at FOLDER_SIZE px. Both have BatchNorm, which trains from the default recipe's lr
+    on any image statistics (the MNIST CNN does not: at chance on small colour images)."""
+    kind = get_kind(cfg.dataset)
+    sample = kind.sample(cfg) if kind.sample else sample_folder(_split_dir(Path(cfg.path), "train"))
+    colour = f"{sample.channels} channel(s) ({sample.gray} grey / {sample.color} colour sampled)"
+    if sample.largest_side <= SMALL_IMAGE:
+        return SMALL_MODEL, (f"the sampled images are at most {sample.largest_side} px, {colour}: {SMALL_MODEL}, "
+                             f"a ResNet for small images, at their native {sample.largest_side} px")
+    return PHOTO_MODEL, (f"the sampled images reach {sample.largest_side} px, {colour}: {PHOTO_MODEL} at "
+                         f"{FOLDER_SIZE} px, the ImageNet input")
 
 
 def small_stem(model_name: str, image_size: int | None) -> bool:
@@ -245,10 +278,12 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     images are decoded (`resolve_decode`)."""
     d = cfg.data
     kind = get_kind(d.dataset)
+    largest = None  # the sampled images' largest side: evaluation never zooms images this small (eval_crop)
     if not kind.in_memory:
         channels, size = d.channels or 3, d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
-        if kind.needs_path and (d.channels is None or d.image_size is None):
+        if kind.needs_path and (d.channels is None or d.image_size is None or d.crop_pct is None):
             sample = kind.sample(d) if kind.sample else sample_folder(train_root or _split_dir(Path(d.path), "train"))
+            largest = sample.largest_side
             if d.channels is None:
                 channels = sample.channels
                 if sample.gray and sample.color:
@@ -266,10 +301,11 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     # a shift `auto` did not choose (a recipe's for digits, on a photo folder) is recorded as none: a resumed
     # run's config must pass validation, which refuses random_shift beside another augmentation
     d = dataclasses.replace(d, augment=augment, random_shift=d.random_shift if augment == "shift" else 0)
+    d = dataclasses.replace(d, crop_pct=eval_crop(d, largest))
     return dataclasses.replace(d, decode=resolve_decode(d, cfg.train.device))
 
 
-def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0
+def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0, exact_split: str | None = None
               ) -> tuple[DataConfig, Dataset, Dataset]:
     """(data config with every inferred key filled in, training set, evaluation set) of a run.
 
@@ -278,14 +314,16 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0
     and an in-memory set's size, channels and statistics. The evaluation split must have the training
     split's classes. With data.mixup_alpha or cutmix_alpha the training set comes out in mixed batches
     (`mixed`). `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented),
-    and training uses the rest — a validation split, so a selection never sees the test split."""
+    and training uses the rest — a validation split, so a selection never sees the test split. `exact_split`:
+    the evaluation set is the split of that name (a folder without it is refused), not the run's val-else-test
+    (a confirmation race reads the test split, never val/)."""
     d = infer_data(cfg, log)
     kind = get_kind(d.dataset)
     if holdout and kind.streamed:
         raise ConfigError(f"a validation split cannot be carved from streamed {d.dataset} data",
                           "select on a folder or an in-memory set, or export a validation split as shards")
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
-    eval_ds = build_dataset(d, "test", cfg.model.num_classes)
+    eval_ds = build_dataset(d, exact_split or "test", cfg.model.num_classes, exact=exact_split is not None)
     if kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):
         missing = sorted(set(train_ds.classes) - set(eval_ds.classes))
         extra = sorted(set(eval_ds.classes) - set(train_ds.classes))

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 from torch.utils.data import Dataset
 
 from torchboost.recipe.config import Config, build_config, find_recipe, merge, parse_override, read_yaml
-from torchboost.recipe.data import load_data
+from torchboost.recipe.data import load_data, model_for_data
 from torchboost.recipe.kinds import FOLDER, get_kind
 from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validation import validate, validated
@@ -22,12 +22,14 @@ def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> 
     return cfg
 
 
-def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Optional[str]
+def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Optional[str], choose_model: bool = False
                      ) -> tuple[Config, list[str], Optional[str]]:
     """(the config of `recipe` + `overrides` with what `--data FOLDER` means applied: data.path, and when the
     recipe's data set is built in and reads no path also data.dataset=folder, "this image folder instead";
     the overrides including those, for applying to a run's saved config; the note saying so, or None).
-    Keys and types are checked, values not yet (`validate`). The recipe is read and built once."""
+    With `choose_model` (the user named no recipe) and no model.name override, the model is chosen from a
+    sample of the images (`model_for_data`) and the note says which and why. Keys and types are checked,
+    values not yet (`validate`). The recipe is read and built once."""
     cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
     overrides, note = list(overrides), None
     if not data:
@@ -39,14 +41,21 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
         extra.insert(0, f"data.dataset={FOLDER}")
     for item in extra:
         merge(cfg, parse_override(item))
+    if choose_model and not any(o.partition("=")[0].strip() == "model.name" for o in overrides):
+        name, why = model_for_data(cfg.data)
+        merge(cfg, parse_override(f"model.name={name}"))
+        extra.append(f"model.name={name}")
+        note = (note + "; " if note else f"note: --data {data}: ") + \
+            f"model {name}, chosen from the data ({why}); choose another with --set model.name=NAME"
     return cfg, overrides + extra, note
 
 
 def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None,
-                  holdout: int = 0) -> tuple[Config, Dataset, Dataset]:
+                  holdout: int = 0, exact_split: Optional[str] = None) -> tuple[Config, Dataset, Dataset]:
     """(resolved config, training set, evaluation set): what a run would build, without boost. `built`: the
     recipe + overrides already built (`recipe_with_data`), validated here instead of read again. `holdout` > 0:
-    the evaluation set is that many samples held out of the training split (`recipe.data.load_data`)."""
+    the evaluation set is that many samples held out of the training split; `exact_split`: the split of that
+    name, refused when missing (`recipe.data.load_data`)."""
     cfg = load_config(recipe, overrides) if built is None else validated(built)
-    data, train_ds, eval_ds = load_data(cfg, holdout=holdout)
+    data, train_ds, eval_ds = load_data(cfg, holdout=holdout, exact_split=exact_split)
     return resolve_config(cfg, data, train_ds, None), train_ds, eval_ds

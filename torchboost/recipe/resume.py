@@ -35,6 +35,14 @@ BREAKING = ("data.", "model.", "train.seed", "train.accumulation_steps", "optim.
 # data.decode: the same samples and crops either way, pixels within a few grey levels (data/device_decode.py)
 HARMLESS = ("data.workers", "data.pin_memory", "data.eval_batch_size", "data.skip_corrupt", "data.decode")
 PATH_KEYS = ("data.path", "train.init_weights")  # the same file or folder may be spelt in several ways
+# keys the per-update lr array is built from (recipe.build.build_schedule): changing one on resume moves the
+# lr from the checkpoint's update on, so the continuation is no longer the run it resumes
+SCHEDULE = ("train.epochs", "optim.lr", "optim.lr_reference_batch", "schedule.")
+
+
+def schedule_keys(keys) -> list[str]:
+    """Those of `keys` that shape the lr schedule (SCHEDULE: exact keys, and every key of a section)."""
+    return [k for k in keys if k in SCHEDULE or any(k.startswith(p) for p in SCHEDULE if p.endswith("."))]
 
 
 @dataclasses.dataclass
@@ -102,8 +110,8 @@ def _differences(asked: Config, saved: dict, ckpt: Optional[dict] = None) -> dic
     """{key: asked value} for keys the user set (not left to inference: None or "auto") that differ from the
     saved run's resolved value, other than by resolution itself (`_resolved_from`)."""
     have = flatten(saved)
-    return {k: v for k, v in flatten(asked.to_dict()).items()
-            if v is not None and v != "auto" and k in have and not _same(k, have[k], v)
+    return {k: v for k, v in flatten(asked.to_dict()).items()  # output: where the run is, resolved when saved
+            if v is not None and v != "auto" and k in have and k != "output" and not _same(k, have[k], v)
             and not _resolved_from(k, have[k], v, saved, ckpt)}
 
 
@@ -211,7 +219,14 @@ def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log:
         raise ConfigError(f"{path} was trained with {k}={before.get(k)}; --set {k}={after.get(k)} would not "
                           "continue it bit-exactly", "drop that --set, pass --force to change it anyway, or start "
                           f"a new run from its weights with --set train.init_weights={path}")
+    rescheduled = schedule_keys(changed)
+    if rescheduled and not force:
+        k = rescheduled[0]
+        raise ConfigError(f"{path} was trained with {k}={before.get(k)}; {k}={after.get(k)} recomputes the lr "
+                          "schedule, so the lr jumps at the resumed update and the run is not the one it continues",
+                          "drop that change, or pass --force to continue on the new schedule (the lr it continues "
+                          "at is printed)")
     for k in changed:
-        log(f"resume: {k} {before.get(k)} -> {after.get(k)}" + (" (forced)" if k in breaking else ""))
+        log(f"resume: {k} {before.get(k)} -> {after.get(k)}" + (" (forced)" if k in breaking + rescheduled else ""))
     validate(cfg)
     return cfg

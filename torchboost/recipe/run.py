@@ -7,6 +7,7 @@ the (resolved) config and returns what it built. Nothing here changes the Config
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import math
@@ -27,13 +28,16 @@ from torchboost.recipe.build import (build_ema, build_grad_scaler, build_loss, b
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
-from torchboost.recipe.data import input_norm, load_data
+from torchboost.recipe.kinds import get_kind
+from torchboost.recipe.data import eval_preprocess, input_norm, load_data, split_source
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve_config
+from torchboost.recipe.resume import schedule_keys
 from torchboost.recipe.validation import validated
 from torchboost.seed import seed_everything
+from torchboost.train.callbacks import ChanceMonitor
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
 from torchboost.train.device import amp_dtype_for, cpu_has_bf16, resolve_device
 from torchboost.train.model import Model
@@ -117,6 +121,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     plan = boost_plan(cfg, info.world_size)
     share = train_ds.share(info.world_size) if hasattr(train_ds, "share") else None  # shards: whole shards per rank
     run_cfg, batch_note = fit_batch(resolve_config(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
+    # the folder the run writes, not the template that named it (a template's braces doubled: it stays one)
+    run_cfg = dataclasses.replace(run_cfg, output=str(out).replace("{", "{{").replace("}", "}}"))
     if batch_note:
         log(f"note: {batch_note}")
     if share is not None and share * info.world_size < len(train_ds):
@@ -146,14 +152,19 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
             model.load_checkpoint(resume, ckpt=ckpt)
             log(f"resumed from {resume} (epoch {ckpt['epoch'] + 1}, step {ckpt['step_in_epoch']}, "
                 f"update {ckpt['global_step']})")
+            note = schedule_note(ckpt, run_cfg, build_schedule(run_cfg, lr, steps_per_epoch), resume)
+            if note:
+                log(note)
         callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
+        callbacks.append(ChanceMonitor(run_cfg.model.num_classes, chance_advice(run_cfg, net, lr)))
         if info.is_main:  # last: it records what the others wrote (see recipe.manifest)
             callbacks.append(ManifestCallback(out, before, previous))
         if info.is_main:
             write_config(out, dump_config(run_cfg))
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
         state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
-                            eval_every=run_cfg.train.eval_every, log_fn=log)
+                            eval_every=run_cfg.train.eval_every, log_fn=log,
+                            eval_name=split_source(run_cfg.data, "test"))
     skipped = loader_skipped(train_loader) + loader_skipped(eval_loader)
     if skipped:
         log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a note")
@@ -190,7 +201,25 @@ def check_epochs_left(ckpt: dict, path: str, epochs: int) -> None:
     done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
     if done >= epochs:
         raise ConfigError(f"{path} has already trained {done} epoch(s) and train.epochs={epochs}: there is nothing "
-                          "left to train", "give more epochs to continue (--epochs N)")
+                          "left to train", "to train on, give more epochs and --force (--epochs N --force): the lr "
+                          "schedule is then recomputed for N epochs, and the lr it continues at is printed")
+
+
+def schedule_note(ckpt: dict, cfg: Config, schedule, path: str) -> Optional[str]:
+    """The line a resume that changed the lr schedule prints (None when the schedule's keys are the run's): the
+    lr the resumed update takes on the new schedule beside the one the checkpoint's last update took."""
+    saved = flatten(ckpt.get("config") or {})
+    now = flatten(cfg.to_dict())
+    changed = schedule_keys(k for k in now if k in saved and saved[k] != now[k])
+    if not changed:
+        return None
+    step = int(ckpt.get("global_step", 0))
+    groups = ckpt.get("optimizer", {}).get("param_groups") or [{}]
+    was = groups[0].get("lr", float("nan")) / groups[0].get("lr_scale", 1)
+    at = f"lr {schedule[step]:.4g}" if step < len(schedule) else "no update left"
+    return (f"resume: the lr schedule changed ({', '.join(f'{k} {saved[k]} -> {now[k]}' for k in changed[:3])}): "
+            f"update {step + 1} continues at {at} (the checkpoint's last update took lr {was:.4g}), ending at lr "
+            f"{schedule[-1]:.4g} after {len(schedule)} updates ({cfg.schedule.mode} over {cfg.train.epochs} epochs)")
 
 
 def check_same_world(ckpt: dict, path: str, cfg: Config, world_size: int) -> None:
@@ -325,6 +354,16 @@ def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str
     return notes
 
 
+def chance_advice(cfg: Config, net: torch.nn.Module, lr: float) -> str:
+    """The likely fix for a run stuck at chance, valid for this network: a smaller lr for any; a network
+    without BatchNorm (the MNIST CNN) is also offered one with it, which trains from any image statistics."""
+    fix = f"lower the lr (--lr {lr / 10:g}), and check that each class folder holds its own class's images"
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
+        return fix
+    return (f"{cfg.model.name} has no BatchNorm, and diverges or stalls on data unlike its recipe's: {fix}, or "
+            "train a BatchNorm network (--set model.name=resnet20)")
+
+
 def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_size: int, steps_per_epoch: int,
                  lr: float) -> str:
     """The start-up line: what trains on what, and how the learning rate was derived."""
@@ -332,10 +371,14 @@ def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_siz
     if cfg.optim.lr_reference_batch is not None:
         lr_text += (f" (optim.lr {cfg.optim.lr:g} per {cfg.optim.lr_reference_batch} images, scaled to the "
                     f"global batch of {global_batch(cfg, world_size)})")
-    where = f"{cfg.data.dataset} {cfg.data.path}" if cfg.data.path else cfg.data.dataset
-    return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s)) on "
-            f"{where} ({len(train_ds)} train / {len(eval_ds)} eval images) for {cfg.train.epochs} epochs on "
-            f"{device}, {world_size} process(es), {steps_per_epoch} updates/epoch, {lr_text}")
+    d = cfg.data
+    prep = "" if get_kind(d.dataset).in_memory else ", " + eval_preprocess(d).describe()
+    where = f"{d.dataset} {d.path}" if d.path else d.dataset
+    size = f"{d.image_size}×{d.image_size} px input" if d.image_size else "native-size input"
+    return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s), {size}) "
+            f"on {where} ({len(train_ds)} train images; evaluated on {split_source(d, 'test')}: {len(eval_ds)} "
+            f"images{prep}) for {cfg.train.epochs} epochs on {device}, {world_size} "
+            f"process(es), {steps_per_epoch} updates/epoch, {lr_text}")
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from torchboost.train.tensorboard import TensorBoard  # re-exported likewise
 from torchboost.train.metrics import BestValue, monitor_mode, resolve_monitor
 from torchboost.train.state import Callback, TrainState
 
-__all__ = ["LossMonitor", "TimeMonitor", "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping",
+__all__ = ["LossMonitor", "TimeMonitor", "CheckpointConfig", "ModelCheckpoint", "History", "EarlyStopping", "ChanceMonitor",
            "TensorBoard", "ProgressBar", "is_main_process"]
 
 
@@ -245,6 +245,50 @@ class EarlyStopping(Callback):
         if type(state["bad_epochs"]) is not int or state["bad_epochs"] < 0:
             raise ValueError(f"bad_epochs {str(state['bad_epochs'])[:20]!r} is not a count")
         self.bad_epochs = state["bad_epochs"]
+
+
+class ChanceMonitor(Callback):
+    """Says once, in one line with `advice`, when the first `epochs` evaluations all sit at chance for
+    `num_classes` classes, on the training images as well as the validation ones (a network learning its
+    training set is only slow to show it): top-1 within two standard errors of 1/K, or the validation loss
+    within 2% of ln K (the same distribution predicted for every image). A run that learns nothing is
+    otherwise only visible to someone reading every epoch's numbers."""
+
+    def __init__(self, num_classes: int, advice: str, epochs: int = 2) -> None:
+        self.k, self.advice, self.epochs = num_classes, advice, epochs
+        self.flat = 0  # consecutive evaluated epochs at chance, from the first
+        self.said = False
+
+    def at_chance(self, top1: float, loss: Optional[float], n: int) -> bool:
+        p = 1 / self.k
+        near = top1 <= p + 2 * math.sqrt(p * (1 - p) / max(n, 1))
+        uniform = loss is not None and abs(loss - math.log(self.k)) <= 0.02 * math.log(self.k)
+        return near or uniform
+
+    def on_train_epoch_end(self, state: TrainState) -> None:
+        r = state.eval_results
+        top1 = r.get("val_top_1_accuracy")
+        if top1 is None or self.said or self.flat < 0:
+            return
+        train = r.get("train_top_1_accuracy")
+        learns = train is not None and not self.at_chance(float(train), None, int(state.epoch_samples))
+        if learns or not self.at_chance(float(top1), r.get("val_loss"), int(r.get("val_samples") or 0)):
+            self.flat = -1  # learnt something: never say it
+            return
+        self.flat += 1
+        if self.flat >= self.epochs:
+            self.said = True
+            state.log(f"warning: validation top-1 {float(top1):.4f} (loss {r.get('val_loss', float('nan')):.4f}) is "
+                      f"chance for {self.k} classes (1/K = {1 / self.k:.4f}, ln K = {math.log(self.k):.4f}) after "
+                      f"{self.flat} epochs: {self.advice}")
+
+    def state_dict(self) -> dict:
+        return {"flat": self.flat, "said": self.said}
+
+    def load_state_dict(self, state: dict) -> None:
+        if type(state.get("flat")) is not int or type(state.get("said")) is not bool:
+            raise ValueError("ChanceMonitor state is not a count and a flag")
+        self.flat, self.said = state["flat"], state["said"]
 
 
 class ProgressBar(Callback):

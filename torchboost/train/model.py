@@ -127,10 +127,11 @@ class Model:
 
     # --- training -------------------------------------------------------------------------------------
     def train(self, epochs: int, train_data: Iterable, callbacks: Sequence[Callback] = (),
-              eval_data: Optional[Iterable] = None, eval_every: int = 1, log_fn: Callable[[str], None] = print
-              ) -> TrainState:
+              eval_data: Optional[Iterable] = None, eval_every: int = 1, log_fn: Callable[[str], None] = print,
+              eval_name: str = "") -> TrainState:
         """Train for `epochs` epochs in total (a resumed run counts the epochs already done). Callbacks'
-        messages go through `log_fn` (the CLI sends them to rank 0's terminal and every rank's worklog)."""
+        messages go through `log_fn` (the CLI sends them to rank 0's terminal and every rank's worklog).
+        `eval_name`: what `eval_data` is (a split and its folder), named on every evaluation line."""
         if self.train_step is None:
             raise ConfigError("Model.train needs a loss_fn and an optimizer", "pass them to Model(...)")
         k = self.accumulation_steps
@@ -199,7 +200,7 @@ class Model:
                 if self.ema is not None:
                     ema = self.eval(eval_data, use_ema=True)
                     state.eval_results.update({f"val_ema_{k_}": v for k_, v in ema.items()})
-                state.log(_format_eval(epoch, state.eval_results))
+                state.log(_format_eval(epoch, state.eval_results, eval_name))
             for cb in callbacks:
                 cb.on_train_epoch_end(state)
             if state.stop_training:
@@ -296,7 +297,7 @@ def _per_sample_loss(loss_fn: nn.Module, logits: torch.Tensor, y: torch.Tensor) 
     return loss_fn(logits, y).expand(y.shape[0])  # an opaque loss: its mean stands for each sample
 
 
-def _format_eval(epoch: int, results: dict) -> str:
+def _format_eval(epoch: int, results: dict, eval_name: str = "") -> str:
     parts = [f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in results.items()
              if k.startswith(("val_", "train_")) and k != "train_time_s"]
-    return f"epoch: {epoch + 1} " + " ".join(parts)
+    return f"epoch: {epoch + 1} " + " ".join(parts) + (f" (val: {eval_name})" if eval_name else "")
