@@ -30,5 +30,12 @@ def test_every_readme_result_is_the_results_pages_figure():
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", page[claim][4]), f"no date for {claim}"
 
 
+def test_every_row_states_its_threads_or_its_gpu():
+    """The page promises the thread count of each row: a CPU figure depends on it (2 threads on 2 busy cores
+    run 2.5x slower); a GPU row names the GPU."""
+    for claim, _, hardware, *_ in table_rows((ROOT / "docs" / "results.md").read_text(), "| claim |"):
+        assert re.search(r"\b\d+ threads?\b", hardware) or "NVIDIA" in hardware, (claim, hardware)
+
+
 def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250

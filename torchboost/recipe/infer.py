@@ -44,6 +44,7 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
         raise CheckpointError(f"{path} is an exported ONNX model, not a checkpoint",
                               "predict with it (torchboost predict --checkpoint MODEL.onnx IMAGES); eval and "
                               "export read the training checkpoint it came from")
+    refuse_torch_export(path)
     ckpt = _training_checkpoint(path)
     if ckpt is not None:
         cfg = config_from_file(ckpt["config"], overrides, path)
@@ -73,6 +74,21 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     model = Model(net, build_loss(cfg), metrics=without_top5(METRIC_NAMES, cfg.model.num_classes), device=device,
                   channels_last=cfg.model.channels_last, input_norm=norm)
     return model, cfg, ckpt
+
+
+def refuse_torch_export(path: str) -> None:
+    """A TorchScript (.ts, .torchscript.pt) or ExportedProgram (.pt2) export holds code that loading runs
+    (TorchScript's, and the pickles torch.export.load reads): never loaded here, from a file that may not be
+    the user's. CheckpointError saying what to use instead."""
+    from torchboost.deploy.export import EXPORTED_PROGRAM, SUFFIXES, TORCHSCRIPT
+
+    name = Path(path).name.lower()
+    for fmt, what, loader in ((TORCHSCRIPT, "TorchScript", "torch.jit.load"),
+                              (EXPORTED_PROGRAM, "ExportedProgram", "torch.export.load")):
+        if name.endswith(SUFFIXES[fmt]):
+            raise CheckpointError(f"{path} is a {what} export, which eval and predict do not run (loading one runs "
+                                  "the code it holds)", f"predict with the training checkpoint it came from or an "
+                                  f".onnx export of it; in your serving code, {loader} it if you trust the file")
 
 
 def _training_checkpoint(path: str) -> dict | None:

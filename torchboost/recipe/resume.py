@@ -205,7 +205,7 @@ def _config(saved: dict, overrides: Sequence[str], path: Path, force: bool, log:
     that moved to another path with the run's classes is not one: `_moved_data`). A command it names must be
     the user's own (`recipe.saved`): on the command line, or in `trusted` (their recipe)."""
     before = flatten(saved)
-    cfg = config_from_file(saved, overrides, str(path), trusted)
+    cfg = config_from_file(saved, overrides, str(path), trusted, log)
     after = flatten(cfg.to_dict())
     asked = dict.fromkeys(k for item in overrides for k in flatten(parse_override(item)))  # in the given order
     changed = [k for k in asked if not _same(k, before.get(k), after.get(k))]

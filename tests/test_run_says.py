@@ -1,0 +1,118 @@
+"""What a run says about itself is what it did: the start-up line, the resolved config, a resume that
+changes the schedule, a run stuck at chance, and exports predict cannot run (issue: every number means what
+it says). Each test checks the words against an independent computation or the files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from torchboost.cli import main
+
+QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
+
+
+def shapes(root: Path, size: int = 40, n: int = 24, mode: str = "RGB") -> Path:
+    """An easy 3-class set of small colour images: a bright disc, square or bar on a dark noisy ground."""
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:size, :size]
+    for split, count in (("train", n), ("val", 8)):
+        for k, name in enumerate(("disc", "square", "bar")):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                cy, cx, r = *rng.uniform(size * 0.35, size * 0.65, 2), size * 0.25
+                mask = [(yy - cy) ** 2 + (xx - cx) ** 2 < r * r, (abs(yy - cy) < r) & (abs(xx - cx) < r),
+                        abs(xx - cx) < r / 3][k]
+                a = rng.integers(0, 80, (size, size, 3)).astype(np.float64)
+                a[mask] = rng.integers(160, 256, 3)
+                Image.fromarray(a.astype(np.uint8), "RGB").convert(mode).save(root / split / name / f"{i}.png")
+    return root
+
+
+def test_own_colour_images_first_try_pick_a_model_from_the_data_and_learn(tmp_path, capsys):
+    data = shapes(tmp_path / "d", n=64)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "-o", str(out), *QUIET]) == 0  # the default command, 15 epochs
+    said = capsys.readouterr().out
+    assert "model resnet20, chosen from the data (the sampled images are at most 40 px, 3 channel(s)" in said
+    assert "training resnet20 (3 classes, 3 channel(s), 40×40 px input)" in said
+    assert f"evaluated on {data / 'val'} (folder): 24 images, shorter side resized to 40 px, the centre 40×40" in said
+    rows = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    assert rows[-1]["val_top_1_accuracy"] >= 0.8  # chance is 1/3 (where the MNIST CNN stayed)
+    assert "warning: validation top-1" not in said
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["output"] == str(out) and cfg["model"]["name"] == "resnet20" and cfg["data"]["crop_pct"] == 1.0
+
+
+def test_a_run_at_chance_says_so_once_with_a_fix_for_its_network(tmp_path, capsys):
+    data = shapes(tmp_path / "d", n=8)
+    # the MNIST CNN at 10x the lr: diverges to chance; the warning names the lr and a BatchNorm network
+    assert main(["train", "--data", str(data), "--set", "model.name=mnist_cnn", "--lr", "0.5", "--epochs", "3",
+                 "-o", str(tmp_path / "run"), *QUIET]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: validation top-1")]
+    assert len(lines) == 1 and "chance for 3 classes" in lines[0] and "--lr 0.05" in lines[0]
+    assert "mnist_cnn has no BatchNorm" in lines[0] and "model.name=resnet20" in lines[0] and " -b " not in lines[0]
+
+
+def test_chance_rule_against_the_binomial_bound():
+    from torchboost.train.callbacks import ChanceMonitor
+
+    m = ChanceMonitor(10, "fix")
+    se = math.sqrt(0.1 * 0.9 / 1000)
+    assert m.at_chance(0.1 + 1.9 * se, None, 1000) and not m.at_chance(0.1 + 2.1 * se, None, 1000)
+    assert m.at_chance(0.9, math.log(10) * 1.01, 1000)  # the uniform prediction's loss
+    assert not m.at_chance(0.9, math.log(10) * 0.9, 1000)
+
+
+def cosine(lr: float, lr_init: float, total: int, warmup: int) -> list[float]:
+    """The recipe's warm-up + cosine, written out: linear from lr_init to lr over `warmup`, then to 0."""
+    out = []
+    for i in range(total):
+        if i < warmup:
+            out.append(lr_init + (lr - lr_init) * i / warmup)
+        else:
+            out.append(0.5 * lr * (1 + math.cos(math.pi * (i - warmup) / max(total - warmup, 1))))
+    return out
+
+
+def test_a_resume_that_changes_the_schedule_is_refused_then_states_its_lr(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "2", "-b", "256", "-o", str(out), *QUIET]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--epochs", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "train.epochs=4 recomputes the lr schedule" in err
+    assert "--force" in err
+    assert main(["train", "--resume", str(out), "--epochs", "4", "--force", *QUIET]) == 0
+    said = capsys.readouterr().out
+    line = next(s for s in said.splitlines() if s.startswith("resume: the lr schedule changed"))
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    steps = 1437 // 256  # digits' training split, full batches: the updates of an epoch
+    s = cfg["schedule"]
+    new = cosine(cfg["optim"]["lr"], s["lr_init"], 4 * steps, int(s["warmup_epochs"] * steps))
+    old = cosine(cfg["optim"]["lr"], s["lr_init"], 2 * steps, int(s["warmup_epochs"] * steps))
+    assert f"update {2 * steps + 1} continues at lr {new[2 * steps]:.4g}" in line
+    assert f"the checkpoint's last update took lr {old[-1]:.4g}" in line
+    rows = [json.loads(r) for r in (out / "history.jsonl").read_text().splitlines()]
+    assert rows[2]["lr"] == pytest.approx(new[3 * steps - 1])  # what the third epoch really ran at its end
+
+
+@pytest.mark.parametrize("suffix, loader", [(".ts", "torch.jit.load"), (".pt2", "torch.export.load")])
+def test_predict_refuses_torch_exports_as_the_guide_says(tmp_path, capsys, suffix, loader):
+    out = tmp_path / "run"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "512", "-o", str(out), *QUIET]) == 0
+    model = tmp_path / f"m{suffix}"
+    assert main(["export", str(out / "ckpt" / "mnist_cnn-best.pt"), str(model)]) == 0
+    Image.new("L", (8, 8)).save(tmp_path / "x.png")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(model), str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "eval and predict do not run" in err and loader in err and "compressed" not in err
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "around-training.md").read_text()
+    assert "It refuses `.pt2` and\n`.ts` exports" in guide and loader in guide
