@@ -109,9 +109,10 @@ def test_identical_models_pass_cleanly():
     report = align_modules(ours, mnist_cnn(1), batch())  # different init: the weight copy must equalise them
     assert report.passed and report.first_failure is None
     assert all(it.metrics.max_abs == 0 for it in report.items)
-    stages = [it.stage for it in report.items]
-    # conv1 relu pool conv2 relu#2 pool#2 fc (root), loss, 6 gradients, 6 updates
-    assert stages == ["forward"] * 8 + ["loss"] + ["backward"] * 6 + ["update"] * 6
+    stages = [(it.step, it.stage) for it in report.items]
+    # per training step (3 by default): conv1 relu pool conv2 relu#2 pool#2 fc (root), loss, 6 gradients, 6 updates
+    one = ["forward"] * 8 + ["loss"] + ["backward"] * 6 + ["update"] * 6
+    assert report.steps == 3 and stages == [(k, stage) for k in (1, 2, 3) for stage in one]
     assert [it.ours for it in report.items[:8]] == ["conv1", "relu", "pool", "conv2", "relu#2", "pool#2", "fc", "(root)"]
     assert [it.ours for it in report.items[9:11]] == ["fc.weight", "fc.bias"]  # backward runs last layer first
     assert "PASS" in report.table()
@@ -144,7 +145,8 @@ def test_name_map_reports_both_paths():
     assert align_modules(mnist_cnn(), ref, batch(), name_map=nm).passed
     report = align_modules(mnist_cnn(), ref, batch(), name_map=nm, prepare_reference=perturb)
     assert (report.first_failure.ours, report.first_failure.ref) == ("conv2", "3")
-    assert [it.ref for it in report.items if it.stage == "forward"] == ["0", "1", "2", "3", "4", "5", "7", "(root)"]
+    assert [it.ref for it in report.items if it.stage == "forward" and it.step == 1] == ["0", "1", "2", "3", "4", "5",
+                                                                                         "7", "(root)"]
     with pytest.raises(ConfigError, match="name map"):
         align_modules(mnist_cnn(), ref, batch())  # no map: the reference's weights have no source
 
@@ -163,9 +165,9 @@ def test_single_step_localises_the_divergence():
     single = align_modules(mnist_cnn(), mnist_cnn(), x, prepare_reference=perturb_conv2, single_step=True)
     failing = lambda r: [it.ours for it in r.items if it.stage == "forward" and not it.passed]  # noqa: E731
     assert failing(full)[0] == "conv2" and len(failing(full)) > 1  # the error propagates downstream ...
-    assert failing(single) == ["conv2"]  # ... unless each module is fed our module's inputs
+    assert failing(single) == ["conv2"] * 3  # ... unless each module is fed our module's inputs (at every step)
     assert single.first_failure.ours == "conv2"
-    assert [it.passed for it in single.items if it.stage == "loss"] == [True]
+    assert [it.passed for it in single.items if it.stage == "loss"] == [True] * 3
 
 
 def test_name_map_for_mindspore_resnet():
@@ -173,6 +175,54 @@ def test_name_map_for_mindspore_resnet():
     assert nm.tensor("bn1.weight") == "bn1.gamma" and nm.tensor("fc.weight") == "end_point.weight"
     assert nm.module("fc") == "end_point"
     assert nm.module("layer1.0.downsample.1#2") == "layer1.0.down_sample_layer.1#2"
+
+
+def sgd(momentum):
+    return lambda m: torch.optim.SGD(m.parameters(), lr=0.01, momentum=momentum, weight_decay=1e-4)
+
+
+def test_a_momentum_difference_fails_from_the_second_step():
+    """Momentum 0.9 against 0.5, all else equal: SGD's buffer starts as the first gradient whatever the momentum,
+    so step 1 agrees exactly and step 2's updates differ by lr * (0.9 - 0.5) * the first step's buffer
+    (computed here by hand); one step alone would pass it."""
+    x = batch()
+    report = align_modules(mnist_cnn(), mnist_cnn(), x, optimizer=sgd(0.9), reference_optimizer=sgd(0.5))
+    assert not report.passed and report.steps == 3
+    assert all(it.passed for it in report.items if it.step == 1)
+    first = report.first_failure
+    assert (first.step, first.stage) == (2, "update")
+    assert "step 2 update" in report.summary()
+    # by hand: the two runs' 2nd updates differ by lr * 0.4 * buf1, buf1 = g1 + wd * w0 (the weights are equal
+    # before step 2, so its gradient is the same on both sides)
+    m = mnist_cnn()
+    w0 = m.fc.weight.detach().clone()
+    torch.nn.functional.cross_entropy(m(x[0]), x[1]).backward()
+    buf1 = m.fc.weight.grad + 1e-4 * w0
+    ours_m, ref_m = copy.deepcopy(mnist_cnn()), copy.deepcopy(mnist_cnn())
+    from torchboost.migrate.align import record_steps
+    a = record_steps(ours_m, x, nn.CrossEntropyLoss(), sgd(0.9)(ours_m), 2, 0)
+    b = record_steps(ref_m, x, nn.CrossEntropyLoss(), sgd(0.5)(ref_m), 2, 0)
+    assert torch.equal(a[0].updates["fc.weight"], b[0].updates["fc.weight"])
+    torch.testing.assert_close(b[1].updates["fc.weight"] - a[1].updates["fc.weight"], 0.01 * 0.4 * buf1,
+                               rtol=1e-3, atol=5e-8)  # w_after - w_before in fp32
+    assert align_modules(mnist_cnn(), mnist_cnn(), x, optimizer=sgd(0.9), reference_optimizer=sgd(0.5),
+                         steps=1).passed  # what one step alone said: why align runs several
+    assert align_modules(mnist_cnn(), mnist_cnn(), x, optimizer=sgd(0.9), reference_optimizer=sgd(0.9)).passed
+
+
+def test_align_from_recipes_fails_a_planted_momentum_by_default():
+    """`torchboost align --reference-config R --reference-set optim.momentum=0.5` (R's momentum 0.9): exit 1 by
+    default, naming step 2's update; the same recipe on both sides passes."""
+    from torchboost.cli import main
+
+    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--failures-only"]) == 0
+    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--reference-set",
+                 "optim.momentum=0.5", "--failures-only"]) == 1
+    report = align_from_config("digits-lenet", reference_config="digits-lenet",
+                               reference_overrides=["optim.momentum=0.5"], batch_size=4)
+    assert not report.passed and (report.first_failure.step, report.first_failure.stage) == (2, "update")
+    assert align_from_config("digits-lenet", reference_config="digits-lenet",
+                             reference_overrides=["optim.momentum=0.5"], batch_size=4, steps=1).passed
 
 
 # --- dump directories ----------------------------------------------------------------------------------
@@ -209,7 +259,26 @@ def test_dump_round_trip(tmp_path):
     report = align_dump(ours, tmp_path / "other")
     assert (report.first_failure.stage, report.first_failure.ours) == ("forward", "bn2")
     single = align_dump(ours, tmp_path / "other", single_step=True)
-    assert [it.ours for it in single.items if it.stage == "forward" and not it.passed] == ["bn2"]
+    assert [it.ours for it in single.items if it.stage == "forward" and not it.passed and it.step == 1] == ["bn2"]
+
+
+def test_a_dump_holds_several_steps_and_a_momentum_difference_shows(tmp_path):
+    """dump_step writes steps 2 and 3 in step2/ and step3/; a dump of the same network with momentum 0.5
+    fails at step 2's update; a one-step dump is compared over its one step and says so."""
+    x = batch()
+    out = dump_step(mnist_cnn(), x, tmp_path / "same", optimizer=sgd(0.9))
+    assert (out / "step2" / "update" / "fc.weight.npy").is_file() and (out / "step3" / "meta.json").is_file()
+    assert json.loads((out / "meta.json").read_text())["steps"] == 3
+    same = align_dump(mnist_cnn(), out, optimizer=sgd(0.9))
+    assert same.passed and same.steps == 3
+    slow = align_dump(mnist_cnn(), dump_step(mnist_cnn(), x, tmp_path / "m05", optimizer=sgd(0.5)), optimizer=sgd(0.9))
+    assert not slow.passed and (slow.first_failure.step, slow.first_failure.stage) == (2, "update")
+    one = align_dump(mnist_cnn(), dump_step(mnist_cnn(), x, tmp_path / "one", optimizer=sgd(0.5), steps=1),
+                     optimizer=sgd(0.9))
+    assert one.passed and one.steps == 1 and "shows only from the 2nd" in one.summary()
+    assert any("holds 1 of the 3 training steps" in n for n in one.notes)
+    dump_step(mnist_cnn(), x, tmp_path / "same", optimizer=sgd(0.9), steps=2)  # step3/ of the old dump stays
+    assert align_dump(mnist_cnn(), out, optimizer=sgd(0.9)).steps == 2  # ... and is not read
 
 
 # --- from recipes ----------------------------------------------------------------------------------------

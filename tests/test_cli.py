@@ -120,12 +120,15 @@ def test_diff_config(capsys, tmp_path):
 
 
 def test_align_a_recipe_with_itself_passes(capsys):
-    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--batch-size", "4"]) == 0
+    assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--batch-size", "4",
+                 "--rows", "100"]) == 0
     out = capsys.readouterr().out
-    # the MNIST CNN: 6 parameter tensors, compared after forward/backward/update, plus activations and loss
-    assert "PASS: 21 items compared (0 without a reference counterpart)" in out
-    rows = [l.split() for l in out.splitlines() if l.split()[:1] in (["backward"], ["update"])]
-    assert len(rows) == 12 and all(r[5] == "0.000e+00" and r[-1] == "ok" for r in rows)  # identical: max error 0
+    # the MNIST CNN: 6 parameter tensors, compared after forward/backward/update, plus activations and loss, in
+    # each of 3 training steps (optimizer state shows from the 2nd)
+    assert "PASS: 63 items compared over 3 training steps (0 without a reference counterpart)" in out
+    rows = [l.split() for l in out.splitlines() if l.split()[1:2] in (["backward"], ["update"])]
+    assert len(rows) == 36 and all(r[6] == "0.000e+00" and r[-1] == "ok" for r in rows)  # identical: max error 0
+    assert sorted({r[0] for r in rows}) == ["1", "2", "3"]
 
 
 def test_debug_layers(capsys, tmp_path):
@@ -167,7 +170,8 @@ def test_convert_reads_torch_files_by_content(run, tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("planted,where", [("train.label_smoothing=0.1", "at loss"), ("optim.lr=0.1", "at update")])
+@pytest.mark.parametrize("planted,where", [("train.label_smoothing=0.1", "at step 1 loss"),
+                                            ("optim.lr=0.1", "at step 1 update")])
 def test_align_finds_a_planted_loss_or_optimizer_difference(planted, where, capsys):
     """Regression: --reference-set applied only to the network, so another loss or lr still PASSed."""
     assert main(["align", "-c", "digits-lenet", "--reference-config", "digits-lenet", "--reference-set", planted,

@@ -17,7 +17,7 @@ from torchboost.data.export import export_folder
 from torchboost.recipe.load import load_config, load_resolved
 from torchboost.recipe.build import effective_lr
 from torchboost.recipe.resolve import fit_batch
-from torchboost.recipe.run import describe_run, warnings_for
+from torchboost.recipe.run_says import describe_run, warnings_for
 
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -91,7 +91,7 @@ def test_resnet_recipe_on_a_small_folder(tmp_path, capsys, monkeypatch):
     assert fitted.data.batch_size == 12 and effective_lr(fitted, 1) == pytest.approx(0.256 * 12 / 256)
     cfg, train, evalset = load_resolved("resnet50-imagenet-sgd", [f"data.path={root}", "data.batch_size=4"])
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    monkeypatch.setattr("torchboost.recipe.run.cpu_has_bf16", lambda: False)
+    monkeypatch.setattr("torchboost.recipe.run_says.cpu_has_bf16", lambda: False)
     notes = " ".join(warnings_for(cfg, __import__("torch").device("cpu"), 1))
     assert "data.workers=8 on 2 CPU cores" in notes and "bf16, which this CPU lacks" in notes
     line = describe_run(cfg, train, evalset, __import__("torch").device("cpu"), 1, 3, 0.004)

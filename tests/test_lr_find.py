@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,8 +16,8 @@ from torch import nn
 from bounded import within
 from torchboost.cli import main
 from torchboost.errors import ConfigError
-from torchboost.recipe.lr_find import centred_grid
-from torchboost.train.lr_find import find_lr, lr_sweep, steepest_lr
+from torchboost.recipe.lr_find import centred_grid, format_results
+from torchboost.train.lr_find import NEVER_FELL, find_lr, lr_find_figure, lr_sweep, steepest_lr
 from torchboost.train.step import TrainStep
 from train_tiny import batches, tiny_net
 
@@ -53,7 +54,9 @@ def test_the_sweep_sets_each_update_to_its_geometric_lr_and_stops_when_the_loss_
     for k, loss in enumerate(result.losses):
         avg = beta * avg + (1 - beta) * loss
         assert result.smoothed[k] == pytest.approx(avg / (1 - beta ** (k + 1)), rel=1e-9)
-    assert result.min_loss_lr == result.lrs[int(np.argmin(result.smoothed))]
+    shown_lrs, shown = result.shown()  # the plotted curve: past the average's first 10 updates
+    assert shown_lrs == result.lrs[10:] and shown == result.smoothed[10:]
+    assert result.min_loss_lr == shown_lrs[int(np.argmin(shown))]
     assert result.suggestion == pytest.approx(result.min_loss_lr / 10)  # a decade below the lowest point
 
 
@@ -62,6 +65,49 @@ def test_no_suggestion_when_the_sweep_never_lowers_the_loss():
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     result = find_lr(TrainStep(net, nn.CrossEntropyLoss(), opt), batches(2), lr_sweep(1e3, 1e6, 20))
     assert result.suggestion is None and result.stopped
+
+
+class ScriptedStep:
+    """A stand-in for TrainStep whose losses are given: the sweep's words and plot on a known curve."""
+
+    def __init__(self, losses):
+        self.losses, self.lr_schedule = losses, None
+
+    def __call__(self, batches, k):
+        return SimpleNamespace(loss=torch.tensor(self.losses[k]))
+
+
+def plotted(result):
+    """(lrs, losses) of the one line lr_find_figure draws for `result`, read back from the figure."""
+    fig = lr_find_figure({"sgd": result})
+    line = next(l for l in fig.axes[0].get_lines() if not l.get_label().startswith("_"))
+    dots = [l for l in fig.axes[0].get_lines() if l.get_marker() == "o"]
+    return line, dots
+
+
+def test_the_words_and_the_suggestion_come_from_the_plotted_curve():
+    """A lucky first batch (0.9) under a plateau at 1.2 that falls to 0.7 at the end: the smoothed loss's first
+    point (one batch's loss) stays its lowest, so a rule reading the whole series said "never fell" while the
+    plot showed the fall. Now the words, the suggestion and its dot are read from the drawn curve itself."""
+    losses = [0.9] + [1.2] * 39 + list(np.linspace(1.2, 0.7, 20))
+    lrs = lr_sweep(1e-5, 1.0, 60)
+    result = find_lr(ScriptedStep(losses), [None], lrs)
+    assert int(np.argmin(result.smoothed)) == 0  # the old rule's "never fell"
+    line, dots = plotted(result)
+    xs, ys = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+    assert ys.min() < ys[0]  # the plot falls below where it starts ...
+    assert result.min_loss_lr == xs[np.argmin(ys)] and result.suggestion == pytest.approx(xs[np.argmin(ys)] / 10)
+    assert "never fell" not in format_results({"sgd": result}) and line.get_label() == "sgd"  # ... and so say the words
+    (dot,) = dots  # the dot sits on the drawn curve at the sweep's lr nearest the suggestion
+    i = int(np.argmin(abs(np.log(xs) - math.log(result.suggestion))))
+    assert (dot.get_xdata()[0], dot.get_ydata()[0]) == (xs[i], ys[i])
+    assert result.to_dict()["shown_from"] == len(lrs) - len(xs) == 10
+
+    rising = find_lr(ScriptedStep([0.5] + [1.0 + 0.01 * k for k in range(59)]), [None], lrs)
+    line, dots = plotted(rising)
+    ys = np.asarray(line.get_ydata())
+    assert ys.min() == ys[0] and rising.suggestion is None and not dots  # a curve that never falls ...
+    assert NEVER_FELL in format_results({"sgd": rising}) and line.get_label() == "sgd (never fell)"  # ... says so
 
 
 @pytest.mark.parametrize("start, end, updates", [(0.0, 1.0, 100), (1.0, 0.1, 100), (1e-3, float("inf"), 100),

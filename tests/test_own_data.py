@@ -166,7 +166,7 @@ def test_fp16_autocast_without_loss_scaling_is_warned_about():
     import torch
 
     from torchboost.recipe.config import build_config
-    from torchboost.recipe.run import warnings_for
+    from torchboost.recipe.run_says import warnings_for
 
     def warned(train: dict) -> bool:
         return any("float16 autocast without loss scaling" in n

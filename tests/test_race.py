@@ -10,8 +10,9 @@ import torch
 from torchboost.errors import ConfigError
 
 from torchboost.cli import main
-from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import median_curve, ratio_to_best_other, plot, summarize
+from torchboost.recipe.race import Lane, held_every_target, reached_at
+from torchboost.recipe.race_report import (median_curve, plot, race_figure, ratio_to_best_other, seed_tails,
+                                           summarize)
 from torchboost.recipe.race_select import pooled_lanes
 
 
@@ -76,14 +77,72 @@ def test_summary_medians_best_lr_and_ratios():
     assert s["seconds_per_epoch"] == {"a": 1.0, "b": 4.0}
 
 
-def test_plot_curve_is_the_median_over_seeds_with_its_spread(tmp_path):
-    # three seeds, one stopped after an epoch: epoch 2 has only two seeds (median of two = their mean)
-    lanes = [lane("a", 0.1, 0, [0.5, 0.9], [1, 4]), lane("a", 0.1, 1, [0.7, 0.6], [3, 6]),
-             lane("a", 0.1, 2, [0.6], [2]), lane("a", 0.2, 0, [0.1, 0.1], [1, 2])]
+def test_plot_median_runs_only_where_every_seed_runs_and_seeds_are_thin_beyond(tmp_path):
+    """Seeds of 3, 4 and 2 evaluations: the median line covers the 2 evaluations all three ran (by hand below),
+    never a "median" of the seeds still running; past it each seed that ran on is a thin line of its own, from
+    its last shared evaluation; the table's median time to the target (hold rule) is marked x; the title says so."""
+    lanes = [lane("a", 0.1, 0, [0.5, 0.7, 0.9], [1, 2, 3]), lane("a", 0.1, 1, [0.6, 0.9, 0.2, 0.95], [2, 4, 6, 8]),
+             lane("a", 0.1, 2, [0.4, 0.9], [3, 5]), lane("a", 0.2, 0, [0.1, 0.1], [1, 2])]
+    # by hand: evaluation 1 of the seeds at 1, 2, 3 s with 0.5, 0.6, 0.4; evaluation 2 at 2, 4, 5 s with 0.7, 0.9,
+    # 0.9; seed 2 stopped there, so the line ends at the median of (2, 4, 5) s
     xs, ys, lo, hi = median_curve(lanes, "a", 0.1)
-    assert xs == [2, 5] and ys == [0.6, 0.75] and lo == [0.5, 0.6] and hi == [0.7, 0.9]
-    png = plot(lanes, summarize(lanes, (0.55, 0.8)), tmp_path / "race.png")
+    assert xs == [2, 4] and ys == pytest.approx([0.5, 0.9]) and lo == [0.4, 0.7] and hi == [0.6, 0.9]
+    assert seed_tails(lanes, "a", 0.1) == [([2, 3], [0.7, 0.9]), ([4, 6, 8], [0.9, 0.2, 0.95])]
+    summary = summarize(lanes, (0.85,))
+    ax = race_figure(lanes, summary).axes[0]
+    median = next(l for l in ax.get_lines() if l.get_label() == "a (lr 0.1)")
+    assert list(median.get_xdata()) == [2, 4]  # the range every seed covers, not seed 1's 8 s
+    thin = sorted(list(l.get_xdata()) for l in ax.get_lines() if (l.get_alpha() or 1) < 1)
+    assert thin == [[2, 3], [4, 6, 8]]
+    # times to 0.85 by the hold rule: 3 s (its last evaluation), 8 s (0.9 at 4 s fell to 0.2), 5 s -> median 5
+    assert summary["targets"]["0.85"]["a"]["median_seconds"] == 5
+    marks = [(list(l.get_xdata()), list(l.get_ydata())) for l in ax.get_lines() if l.get_marker() == "x"]
+    assert marks == [([5], [0.85])]
+    assert "median over seeds while every seed runs" in ax.get_title() and "thin: single seeds" in ax.get_title()
+    png = plot(lanes, summary, tmp_path / "race.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_target_counts_as_reached_only_when_held_at_the_next_evaluation():
+    """The hold rule against hand-written evaluations, and the summary, table and early stop that use it."""
+    def history(accs):
+        return [{"epoch": i + 1, "seconds": 10.0 * (i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]
+
+    for accs, want in (([0.5, 0.91, 0.33, 0.92, 0.95], 3),  # crossed at 2, collapsed at 3, held from 4
+                       ([0.5, 0.95], 1),  # the run's last evaluation counts alone
+                       ([0.95, 0.3], None), ([0.91, 0.33, 0.33], None),  # crossed and fell back: never
+                       ([0.9, 0.9], 0),  # at the target is at or above it
+                       ([], None)):
+        assert reached_at(history(accs), 0.9) == want, accs
+    # the early stop needs a later evaluation's confirmation at the highest target, not the last one alone
+    assert [held_every_target(history(a), (0.8, 0.9)) for a in ([0.95], [0.95, 0.3], [0.95, 0.92], [0.85, 0.91, 0.3],
+                                                                 [0.85, 0.81])] == [False, False, True, False, False]
+    collapsed, held = history([0.5, 0.91, 0.33, 0.33]), history([0.5, 0.8, 0.92, 0.93])
+    lanes = [Lane("c", 0.1, 0, None, None, None, seconds=40.0, history=collapsed),
+             Lane("h", 0.1, 0, None, None, None, seconds=40.0, history=held)]
+    summary = summarize(lanes, (0.9,))
+    rows = summary["targets"]["0.9"]
+    assert (rows["c"]["reached"], rows["c"]["median_seconds"]) == (0, math.inf)  # first-crossing said 20 s
+    assert (rows["h"]["reached"], rows["h"]["median_seconds"], rows["h"]["median_epochs"]) == (1, 30.0, 3)
+    from torchboost.recipe.race_report import format_markdown, format_report
+
+    for text in (format_report(summary, 1), format_markdown(summary)):
+        assert "whose next evaluation is also at or above it" in text and "last evaluation counts alone" in text
+
+
+def test_a_run_stops_at_its_targets_only_once_a_later_evaluation_held_them():
+    """The early stop (no --full-budget) waits for the confirming evaluation: a run stops at the first epoch
+    where the hold rule is met with an evaluation after the crossing, never at the crossing itself."""
+    from torchboost.recipe import load_resolved
+    from torchboost.recipe.race import builtin_racer, run_race
+
+    cfg, train_ds, eval_ds = load_resolved("digits-lenet", ["data.batch_size=64"])
+    lanes = run_race(cfg, train_ds, eval_ds, [builtin_racer("sgd", cfg, (0.05,))], [0], (0.3,), epochs=5,
+                     log=lambda m: None)
+    hist = lanes[0].history
+    assert lanes[0].stopped == "reached and held every target" and len(hist) >= 2
+    assert held_every_target(hist, (0.3,)) and not held_every_target(hist[:-1], (0.3,))
+    assert hist[-2]["val_top_1_accuracy"] >= 0.3  # the crossing came one evaluation before the stop
 
 
 def test_a_racer_on_its_own_epoch_budget_anneals_over_it():

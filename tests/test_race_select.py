@@ -62,37 +62,52 @@ def test_load_resolved_holds_out_unaugmented_training_images():
     want = (whole.images[rows].float() / 255 - whole.mean[0]) / whole.std[0]
     assert torch.allclose(x, want, atol=1e-5)
 
-def race_json(path, holdout=500, chosen=None, targets=(0.9, 0.95), rows=None, first_seed=0, seeds=2, runs=()):
-    chosen = chosen or {"sgd": 0.1}
-    rows = rows or {name: {"median_seconds": 1.0, "median_epochs": 1.0} for name in chosen}
+def run(name, lr, seed, accs):
+    return {"optimizer": name, "lr": lr, "seed": seed, "stopped": "epoch budget",
+            "history": [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]}
+
+
+def race_json(path, holdout=500, targets=(0.9, 0.95), first_seed=0, seeds=2, runs=None, summary=None):
+    """A saved race: its settings and runs (a selection is ranked from the runs; `summary` is what the file
+    claims beside them)."""
+    runs = [run("sgd", 0.1, 0, [0.5, 0.96])] if runs is None else runs
     data = {"settings": {"recipe": "r", "overrides": [], "targets": list(targets), "holdout": holdout,
                          "first_seed": first_seed, "seeds": seeds, "epochs": 2},
-            "summary": {"chosen_lr": chosen, "targets": {f"{t:g}": rows for t in targets}},
-            "runs": list(runs)}
+            "summary": summary or {}, "runs": list(runs)}
     path.write_text(json.dumps(data))
     return path
 
 
 def test_selection_takes_each_optimizers_best_budget_and_lr(tmp_path):
-    inf = float("inf")
-    rows = {"sgd@8": {"median_seconds": 50.0, "median_epochs": 5}, "sgd@10": {"median_seconds": 40.0, "median_epochs": 4},
-            "muon": {"median_seconds": 30.0, "median_epochs": 3}}
-    high = dict(rows, **{"sgd@10": {"median_seconds": inf, "median_epochs": inf}})  # only @8 reaches the high one
-    data = race_json(tmp_path / "r.json", chosen={"sgd@8": 0.05, "sgd@10": 0.1, "muon": 0.02})
-    raw = read_race(data)
-    raw["summary"]["targets"] = {"0.9": rows, "0.95": high}
-    picks = {s.optimizer: s for s in selections(raw, "r.json")}
+    runs = [run("sgd@8", 0.05, 0, [0.5, 0.92, 0.96, 0.97]),  # 0.9 at 2 s, 0.95 at 3 s
+            run("sgd@10", 0.1, 0, [0.5, 0.91, 0.93, 0.94]),  # 0.9 at 2 s, never 0.95: only @8 reaches the high one
+            run("sgd@10", 0.2, 0, [0.2, 0.2, 0.2, 0.2]), run("muon", 0.02, 0, [0.96, 0.97])]
+    picks = {s.optimizer: s for s in selections(read_race(race_json(tmp_path / "r.json", runs=runs)), "r.json")}
     assert (picks["sgd"].lr, picks["sgd"].epochs, picks["sgd"].racer) == (0.05, 8, "sgd@8")
     assert (picks["muon"].lr, picks["muon"].epochs) == (0.02, None)
 
 
+def test_a_configuration_that_collapsed_after_crossing_the_target_is_not_selected(tmp_path):
+    """sgd@8 crossed 95% at 2 s and fell to 33% at the next evaluation; sgd@10 reached it at 3 s and held it.
+    By the hold rule only sgd@10 reached it; the summary the file claims (first crossing: sgd@8) is not read."""
+    runs = [run("sgd@8", 0.05, 0, [0.5, 0.96, 0.33, 0.33]), run("sgd@10", 0.1, 0, [0.5, 0.8, 0.96, 0.97])]
+    claimed = {"chosen_lr": {"sgd@8": 0.05, "sgd@10": 0.1},
+               "targets": {t: {"sgd@8": {"median_seconds": 2.0, "median_epochs": 2},
+                               "sgd@10": {"median_seconds": 3.0, "median_epochs": 3}} for t in ("0.9", "0.95")}}
+    data = read_race(race_json(tmp_path / "r.json", runs=runs, summary=claimed))
+    assert [(s.racer, s.lr) for s in selections(data, "r.json")] == [("sgd@10", 0.1)]
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(holdout=0), "raced on the test split"),
-    (dict(chosen={"sgd; rm -rf /": 0.1}), "not a registered optimizer"),
-    (dict(chosen={"sgd@0": 0.1}), "not a registered optimizer"),
-    (dict(chosen={"sgd": float("nan")}), "gives racer 'sgd' the lr"),
-    (dict(chosen={"sgd": True}), "gives racer 'sgd' the lr"),
-    (dict(chosen={"sgd": -1}), "gives racer 'sgd' the lr"),
+    (dict(runs=[]), "holds no runs"),
+    (dict(targets=()), "does not say which targets"),
+    (dict(runs=[run("sgd; rm -rf /", 0.1, 0, [0.9])]), "not a registered optimizer"),
+    (dict(runs=[run("sgd@0", 0.1, 0, [0.9])]), "not a registered optimizer"),
+    (dict(runs=[run("sgd", float("nan"), 0, [0.9])]), "not a race run"),
+    (dict(runs=[run("sgd", True, 0, [0.9])]), "not a race run"),
+    (dict(runs=[run("sgd", -1, 0, [0.9])]), "not a race run"),
+    (dict(runs=[run("sgd", 0.1, 0, [])]), "not a race run"),
 ])
 def test_a_selection_file_that_cannot_be_trusted_is_one_line(tmp_path, change, message):
     path = race_json(tmp_path / "r.json", **change)
@@ -127,11 +142,6 @@ def test_confirmation_must_use_fresh_seeds_and_the_same_task(tmp_path):
                                              ("r", [], (0.9,), "targets")):
         with pytest.raises(ConfigError, match=f"selected on {what}"):
             check_same_task(data, "r.json", recipe, overrides, targets)
-
-
-def run(name, lr, seed, accs):
-    return {"optimizer": name, "lr": lr, "seed": seed, "stopped": "epoch budget",
-            "history": [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]}
 
 
 def test_pooling_needs_every_racer_in_every_file_and_counts_a_run_once(tmp_path):

@@ -50,15 +50,16 @@ def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
     restarted = args.resume is None and restarted_by_torchrun()
     resume = AUTO if restarted else args.resume
     overwrite = args.overwrite and not restarted  # the first attempt replaced the old run; restarts continue it
+    recipe, choose = args.config or DEFAULT_RECIPE, args.config is None  # no recipe named: --data picks the model
     if not resume:
-        cfg, _, note = recipe_with_data(args.config, train_overrides(args), args.data)  # the recipe built once
+        cfg, _, note = recipe_with_data(recipe, train_overrides(args), args.data, choose)  # the recipe built once
         if note:
             say(note)
         validate(cfg)  # the one pass (train_from_config does not repeat it: recipe.validation.validated)
         return cfg, args.output, overwrite, None
-    built, overrides, note = recipe_with_data(args.config, train_overrides(args), args.data)  # read once
+    built, overrides, note = recipe_with_data(recipe, train_overrides(args), args.data, choose)  # read once
     # the run's own folder and recorded config (+ --set), see recipe.resume
-    plan = plan_resume(resume, args.config, overrides, args.output, overwrite, args.force, say, built=built)
+    plan = plan_resume(resume, recipe, overrides, args.output, overwrite, args.force, say, built=built)
     if note and plan.checkpoint is None:  # `auto` found nothing to continue: a new run, told what it reads
         say(note)
     return plan.config, str(plan.output), plan.overwrite, str(plan.checkpoint) if plan.checkpoint else None
@@ -140,6 +141,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
                               overrides=args.set or [])
+    if args.format == "json":  # full precision, and what it was computed on, as one document
+        print(json.dumps({"evaluated_on": res.pop("data"), **res}, indent=1))
+        return 0
     print(f"evaluated {res.pop('data')}: {res['samples']} images")  # names the folder it read
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
     return 0
@@ -246,9 +250,9 @@ def _cmd_align(args: argparse.Namespace) -> int:
         args.config, reference=args.reference, reference_config=args.reference_config,
         reference_dump=args.reference_dump, dump_ours=args.dump_ours, overrides=args.set or [],
         reference_overrides=args.reference_set or [], batch_size=args.batch_size, batch_source=args.batch,
-        single_step=args.single_step, name_map=args.name_map)
+        single_step=args.single_step, name_map=args.name_map, steps=args.steps)
     if args.dump_ours:
-        print(f"wrote our step's tensors to {result}")
+        print(f"wrote our {args.steps} training step(s)' tensors to {result}")
         return 0
     print(result.table(limit=args.rows, failures_only=args.failures_only))  # ends with the verdict line
     if args.report:
@@ -287,6 +291,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
 
     from .errors import ConfigError, suggest
     from .recipe import load_resolved
+    from .recipe.data import split_source
     from .recipe.load import recipe_with_data
     from .recipe.optimizers import default_racers
     from .optim.registry import OPTIMIZERS
@@ -324,8 +329,13 @@ def _cmd_race(args: argparse.Namespace) -> int:
         check_same_task(selection, args.frozen, args.config, overrides, targets)
         check_fresh_seeds(selection, args.frozen, seeds)
         chosen = selections(selection, args.frozen)
-    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=args.holdout)  # the recipe read once
+    # a confirmation reads the test split itself (refused when missing), never a folder's val/
+    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=args.holdout,
+                                           exact_split="test" if args.frozen else None)  # the recipe read once
+    evaluated = (f"{args.holdout} training samples held out of {split_source(cfg.data, 'train')}" if args.holdout
+                 else split_source(cfg.data, "test", exact=bool(args.frozen)))
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
+    lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images")
     if args.holdout:
         lines.append(f"selecting on {args.holdout} training samples held out (the test split is not read); confirm "
                      "with --frozen OUTPUT/race.json on fresh seeds")
@@ -348,7 +358,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
             "first_seed": args.first_seed, "evals_per_epoch": args.evals_per_epoch,
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
-            "holdout": args.holdout, "frozen": args.frozen, "full_budget": args.full_budget}
+            "holdout": args.holdout, "frozen": args.frozen, "full_budget": args.full_budget,
+            "evaluated_on": evaluated, "evaluation_images": len(eval_ds)}
     out = Path(args.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
 
@@ -501,7 +512,8 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
 
     t = sub.add_parser("train", help="train from a recipe (default: mnist-lenet on built-in MNIST)")
-    t.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="recipe name or YAML path")
+    t.add_argument("--config", "-c", help=f"recipe name or YAML path (default {DEFAULT_RECIPE}; without one, --data "
+                                          "DIR trains a model chosen from the images' size unless --set model.name)")
     t.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     t.add_argument("--data", help="data folder/file (sets data.path; with a built-in data set, trains on the "
                                    "image folder instead)")
@@ -545,6 +557,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                    help="the split to evaluate, read exactly: a folder's train/, val/ or test/ (default: the run's "
                         "evaluation split, a folder's val/ or else test/)")
     e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
+    e.add_argument("--format", choices=["text", "json"], default="text", help="output format (json: full precision)")
     e.set_defaults(func=_cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes of image files (or every image in folders)")
@@ -608,7 +621,8 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     c.add_argument("--no-strict", action="store_true", help="write even when tensors are unmapped or missing")
     c.set_defaults(func=_cmd_convert)
 
-    a = sub.add_parser("align", help="run one step on two implementations and report the first divergence")
+    a = sub.add_parser("align", help="run a few training steps on two implementations and report the first "
+                                     "divergence")
     a.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="our side: recipe name or YAML path")
     a.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     ref = a.add_mutually_exclusive_group(required=True)
@@ -618,6 +632,9 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     ref.add_argument("--dump-ours", metavar="DIR", help="write our step in the dump layout and stop")
     a.add_argument("--reference-set", action="append", metavar="KEY=VALUE",
                    help="override a key of --reference-config (repeatable): network, loss and optimizer keys all apply")
+    a.add_argument("--steps", type=int_between(1, 100), default=3,
+                   help="training steps on the one batch (default 3: optimizer state such as momentum shows only "
+                        "from the 2nd)")
     a.add_argument("--single-step", action="store_true", help="feed each reference layer our layer's inputs")
     a.add_argument("--name-map", metavar="FILE.json|mindspore", help="map our names to the reference's")
     a.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=8, help="images in the one batch both sides run")

@@ -23,7 +23,7 @@ import re
 import stat
 import time
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, Optional
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,6 +66,19 @@ def confine_writes(root: str | os.PathLike) -> Iterator[None]:
         _CONFINED.remove(entry)
 
 
+CACHE_ENV = "TORCHBOOST_CACHE_DIR"  # where libraries' caches go (matplotlib's fonts, the compiler's kernels)
+
+
+def cache_dir(kind: str) -> Optional[Path]:
+    """The folder for a library's cache of `kind`: under TORCHBOOST_CACHE_DIR when the user names one, else
+    under `.cache/` of the folder the tool is writing (the innermost `confine_writes` root); None when neither
+    (the library's own default then, for a command that writes nothing). Never $HOME or $TMPDIR unasked."""
+    named = os.environ.get(CACHE_ENV)
+    if named:
+        return Path(named) / kind
+    return _CONFINED[-1][0] / ".cache" / kind if _CONFINED else None
+
+
 def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     """Whether normalised path `path` is `folder` or lies under it (compared by parts, not by text: /a/bc is
     not under /a/b)."""
@@ -83,14 +96,20 @@ def is_inside(path: str | os.PathLike) -> bool:
 
 
 def check_inside(path: str | os.PathLike) -> Path:
-    """`path`, unless it lies in a confined folder and its real path (every link on the way resolved, the
-    file's own too; parts that do not exist yet appended) is outside that folder: then OutputError, before
-    anything is touched."""
+    """`path`, unless it lies in a confined folder and a link lies on its way below that folder (one leading out,
+    or to another file inside: every link on the way resolved, the file's own too; parts that do not exist yet
+    appended): then OutputError, before anything is touched."""
     path = Path(path)
     lexical = Path(os.path.abspath(path))
     for root, real in _CONFINED:
         if within(lexical, root) and lexical != root:
             target = Path(os.path.realpath(lexical))
+            inner = next((p for p in [*reversed(lexical.parents), lexical]
+                          if within(p, root) and p != root and os.path.islink(p)), None)
+            if inner is not None and within(target, real):  # a link to elsewhere in the folder: another's file
+                raise OutputError(f"{printable(str(inner))} is a link inside the folder {printable(str(root))} (to "
+                                  f"{printable(os.path.realpath(inner))})", "remove the link (the tool never writes "
+                                  "or deletes through one), or choose another --output")
             if not within(target, real):
                 shown = next((p for p in [*reversed(lexical.parents), lexical]
                               if within(p, root) and p != root and os.path.islink(p)), lexical)
@@ -201,6 +220,21 @@ def check_output_folder(folder: str | os.PathLike) -> None:
     _check_folder_path(Path(folder), f"into {printable(str(folder))}")
 
 
+def _check_replaceable(path: Path) -> None:
+    """A rename replaces only a regular file: over a device node, FIFO or socket it would swap a system object
+    for a file (as root, /dev/null), and over a link it would drop the link someone made."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise output_error(path, e) from e
+    if not stat.S_ISREG(mode):
+        what = "a link" if stat.S_ISLNK(mode) else "not a regular file (a device, FIFO or socket)"
+        raise OutputError(f"cannot write {printable(str(path))}: it is {what}, which is never replaced",
+                          "remove it yourself, or write to another file name")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync it and os.replace it onto `path`.
@@ -213,6 +247,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     if not path.name or path.is_dir():
         raise OutputError(f"cannot write {printable(str(path))}: it is a folder", "give a file name")
     _check_folder_path(path.parent, printable(str(path)))
+    _check_replaceable(path)
     tmp = temp_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

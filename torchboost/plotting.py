@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from types import ModuleType
+
+from torchboost.fileio import cache_dir, make_dirs
 
 
 def pyplot() -> ModuleType:
@@ -11,6 +14,10 @@ def pyplot() -> ModuleType:
     display, and an unknown `MPLBACKEND` (matplotlib validates it while importing) would fail the run after
     its first epoch, so the variable is set aside while matplotlib is imported (and put back)."""
     saved = os.environ.pop("MPLBACKEND", None)
+    # matplotlib settles its config and font cache folder at its first import: the run's cache, not ~/.matplotlib
+    folder = None if "MPLCONFIGDIR" in os.environ or "matplotlib" in sys.modules else cache_dir("matplotlib")
+    if folder is not None:
+        os.environ["MPLCONFIGDIR"] = str(make_dirs(folder))
     try:
         import matplotlib
 
@@ -19,4 +26,6 @@ def pyplot() -> ModuleType:
     finally:
         if saved is not None:
             os.environ["MPLBACKEND"] = saved
+        if folder is not None:
+            del os.environ["MPLCONFIGDIR"]  # read once, at the import: later runs must not inherit this run's
     return plt

@@ -1,10 +1,13 @@
-"""`align`: run ONE training step on two implementations and report the first divergence.
+"""`align`: run a few training steps (`DEFAULT_STEPS`) on two implementations and report the first divergence.
 
 Both sides get the same seed, the same batch, the same initial weights (ours copied into the reference by
 name, through a name map when the names differ), dropout off and BatchNorm in training mode, fp32. Each
-side records per-module forward outputs, parameter gradients and the optimizer's update (w_after -
-w_before, plus BN running-statistic changes); items are compared in order — forward (module completion
-order), loss, backward (reverse order), update — and the first failing item names both module paths.
+side records, step after step, per-module forward outputs, parameter gradients and the optimizer's update
+(w_after - w_before, plus BN running-statistic changes); items are compared in order — step by step, and
+within a step forward (module completion order), loss, backward (reverse order), update — and the first
+failing item names the step and both module paths. Several steps because the first update cannot show the
+optimizer's state: SGD's momentum buffer starts as the first gradient whatever the momentum, so momentum 0.5
+and 0.9 give the same first update and differ from the second.
 
 Single-step mode feeds every reference module the inputs OUR module received (forward pre-hooks), so an
 error does not propagate: only the module that computes differently fails. With a dump directory it is
@@ -28,12 +31,13 @@ from torch import nn
 from ..errors import ConfigError, DataError
 from ..fileio import read_regular
 from ..seed import seed_everything
-from .align_report import AlignReport, compare_recordings
-from .dump import read_arrays, read_dump, write_dump
+from .align_report import AlignReport, compare_steps
+from .dump import read_arrays, read_dump_steps, write_dump
 from .record import ROOT, Recording, record_step
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 Batch = tuple[torch.Tensor, torch.Tensor]
+DEFAULT_STEPS = 3  # the 2nd step shows optimizer state (momentum, Adam's moments); the 3rd its effect on the forward
 
 
 class NameMap:
@@ -126,9 +130,21 @@ def copy_weights(src: nn.Module, dst: nn.Module, name_map: NameMapLike = None) -
     return load_named(dst, renamed, lambda n: n, "our model")
 
 
-def _notes(batch: Batch, seed: int) -> list[str]:
-    return [f"one step, fp32, seed {seed}, batch {tuple(batch[0].shape)}; dropout off (eval mode), "
-            "BatchNorm in train mode (batch statistics, running stats updated) on both sides"]
+def _notes(batch: Batch, seed: int, steps: int) -> list[str]:
+    return [f"{steps} training step(s) on one batch, fp32, seed {seed}, batch {tuple(batch[0].shape)}; dropout "
+            "off (eval mode), BatchNorm in train mode (batch statistics, running stats updated) on both sides"]
+
+
+def record_steps(model: nn.Module, batch: Batch, loss_fn: Callable, optimizer: torch.optim.Optimizer, steps: int,
+                 seed: int, feeds: Optional[list[Optional[Callable]]] = None,
+                 keep_inputs: bool = False) -> list[Recording]:
+    """`steps` training steps of `model` on `batch`, one optimizer throughout (its state carried from step to
+    step), each recorded; `feeds[k]` feeds step k's module inputs (single-step mode)."""
+    if steps < 1:
+        raise ConfigError(f"align over {steps} training steps", "compare at least one step (default 3)")
+    seed_everything(seed)
+    return [record_step(model, batch, loss_fn, optimizer, feed=feeds[k] if feeds else None, keep_inputs=keep_inputs)
+            for k in range(steps)]
 
 
 def align_modules(model: nn.Module, reference: nn.Module, batch: Batch, *, loss_fn: Optional[Callable] = None,
@@ -136,73 +152,79 @@ def align_modules(model: nn.Module, reference: nn.Module, batch: Batch, *, loss_
                   single_step: bool = False, seed: int = 0, copy_initial_weights: bool = True,
                   prepare_reference: Optional[Callable[[nn.Module], None]] = None,
                   reference_loss_fn: Optional[Callable] = None,
-                  reference_optimizer: Optional[OptimizerFactory] = None) -> AlignReport:
-    """One step on `model` and `reference` (both deep-copied: the caller's modules are not changed).
+                  reference_optimizer: Optional[OptimizerFactory] = None,
+                  steps: int = DEFAULT_STEPS) -> AlignReport:
+    """`steps` training steps on `model` and `reference` (both deep-copied: the caller's modules are not changed).
 
     `optimizer(module)` builds the same optimizer for each side unless `reference_optimizer` (and
     `reference_loss_fn`) give the reference its own (a reference recipe with another loss or lr); `prepare_reference(ref)` runs after the
     weight copy (e.g. to set MindSpore's BN eps on the reference)."""
     nm = _name_map(name_map)
     ours_m, ref_m = copy.deepcopy(model), copy.deepcopy(reference)
-    notes = _notes(batch, seed)
+    notes = _notes(batch, seed, steps)
     if copy_initial_weights:
         notes += copy_weights(ours_m, ref_m, nm)
     if prepare_reference is not None:
         prepare_reference(ref_m)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     make_opt = optimizer or default_optimizer
-    seed_everything(seed)
-    ours = record_step(ours_m, batch, loss_fn, make_opt(ours_m), keep_inputs=single_step)
-    by_ref_name = {nm.module(c): v for c, v in ours.inputs.items()}
-    seed_everything(seed)
-    theirs = record_step(ref_m, batch, reference_loss_fn or loss_fn, (reference_optimizer or make_opt)(ref_m),
-                         feed=by_ref_name.get if single_step else None)
-    return compare_recordings(ours, theirs, nm.module, nm.tensor, AlignReport("modules", single_step, notes=notes))
+    ours = record_steps(ours_m, batch, loss_fn, make_opt(ours_m), steps, seed, keep_inputs=single_step)
+    feeds = [{nm.module(c): v for c, v in rec.inputs.items()}.get for rec in ours] if single_step else None
+    theirs = record_steps(ref_m, batch, reference_loss_fn or loss_fn, (reference_optimizer or make_opt)(ref_m),
+                          steps, seed, feeds=feeds)
+    return compare_steps(ours, theirs, nm.module, nm.tensor, AlignReport("modules", single_step, notes=notes))
 
 
 def align_dump(model: nn.Module, directory: str | Path, *, batch: Optional[Batch] = None,
                loss_fn: Optional[Callable] = None, optimizer: Optional[OptimizerFactory] = None,
-               name_map: NameMapLike = None, single_step: bool = False, seed: int = 0) -> AlignReport:
-    """One step on `model` against a dump directory (layout: torchboost.migrate.dump). The batch and,
-    when present, the initial weights come from the dump."""
+               name_map: NameMapLike = None, single_step: bool = False, seed: int = 0,
+               steps: int = DEFAULT_STEPS) -> AlignReport:
+    """Up to `steps` training steps on `model` against a dump directory (layout: torchboost.migrate.dump): as
+    many as the dump holds, a note saying so when it holds fewer. The batch and, when present, the initial
+    weights come from the dump."""
     nm, d = _name_map(name_map), Path(directory)
-    theirs, _ = read_dump(d)
+    theirs = read_dump_steps(d, steps)
     ours_m = copy.deepcopy(model)
     if batch is None:
         if not (d / "batch.npz").is_file():
             raise DataError(f"{d} has no batch.npz", "copy the batch.npz that dump_step wrote into it")
         arrays = read_arrays(d / "batch.npz")
         batch = (arrays["x"], arrays["y"])
-    notes = _notes(batch, seed)
+    notes = _notes(batch, seed, len(theirs))
+    if len(theirs) < steps:
+        notes.append(f"the dump holds {len(theirs)} of the {steps} training steps asked: a difference in "
+                     "optimizer state (momentum) shows only from the 2nd; write step2/, ... (migrate/dump.py)")
     if (d / "weights.npz").is_file():
         notes += load_named(ours_m, read_arrays(d / "weights.npz"), nm.tensor, "weights.npz")
         notes.append("initial weights loaded from weights.npz")
     else:
         notes.append("no weights.npz: our weights were used as they are; the reference must have started equal")
-    if single_step and not theirs.inputs:
+    if single_step and not all(rec.inputs for rec in theirs):
         raise ConfigError("single-step needs the reference's module inputs", "write 'input_0', ... into "
-                          "forward/<call>.npz (dump_step does this by default)")
-    seed_everything(seed)
-    ours = record_step(ours_m, batch, loss_fn or nn.CrossEntropyLoss(), (optimizer or default_optimizer)(ours_m),
-                       feed=(lambda call: theirs.inputs.get(nm.module(call))) if single_step else None)
-    return compare_recordings(ours, theirs, nm.module, nm.tensor, AlignReport("dump", single_step, notes=notes))
+                          "forward/<call>.npz of every step (dump_step does this by default)")
+    feeds = [(lambda call, rec=rec: rec.inputs.get(nm.module(call))) for rec in theirs] if single_step else None
+    ours = record_steps(ours_m, batch, loss_fn or nn.CrossEntropyLoss(), (optimizer or default_optimizer)(ours_m),
+                        len(theirs), seed, feeds=feeds)
+    return compare_steps(ours, theirs, nm.module, nm.tensor, AlignReport("dump", single_step, notes=notes))
 
 
 def dump_step(model: nn.Module, batch: Batch, out: str | Path, *, loss_fn: Optional[Callable] = None,
               optimizer: Optional[OptimizerFactory] = None, name_map: NameMapLike = None,
-              with_inputs: bool = True, seed: int = 0) -> Path:
-    """Record one step of `model` and write it (plus batch.npz and the initial weights.npz) in the dump
-    layout, names mapped through `name_map` — the other framework's script loads batch and weights from it."""
-    nm, m = _name_map(name_map), copy.deepcopy(model)
+              with_inputs: bool = True, seed: int = 0, steps: int = DEFAULT_STEPS) -> Path:
+    """Record `steps` training steps of `model` and write them (plus batch.npz and the initial weights.npz) in
+    the dump layout, names mapped through `name_map` — the other framework's script loads batch and weights
+    from it."""
+    nm, m, out = _name_map(name_map), copy.deepcopy(model), Path(out)
     initial = {nm.tensor(k): v.detach().clone() for k, v in m.state_dict().items()}
-    seed_everything(seed)
-    rec = record_step(m, batch, loss_fn or nn.CrossEntropyLoss(), (optimizer or default_optimizer)(m),
-                      keep_inputs=with_inputs)
-    mapped = Recording(forward={nm.module(c): v for c, v in rec.forward.items()},
-                       inputs={nm.module(c): v for c, v in rec.inputs.items()},
-                       grads={nm.tensor(n): v for n, v in rec.grads.items()},
-                       updates={nm.tensor(n): v for n, v in rec.updates.items()}, loss=rec.loss)
-    return write_dump(mapped, out, batch, initial)
+    recs = record_steps(m, batch, loss_fn or nn.CrossEntropyLoss(), (optimizer or default_optimizer)(m), steps,
+                        seed, keep_inputs=with_inputs)
+    mapped = [Recording(forward={nm.module(c): v for c, v in rec.forward.items()},
+                        inputs={nm.module(c): v for c, v in rec.inputs.items()},
+                        grads={nm.tensor(n): v for n, v in rec.grads.items()},
+                        updates={nm.tensor(n): v for n, v in rec.updates.items()}, loss=rec.loss) for rec in recs]
+    for k, rec in enumerate(mapped[1:], start=2):
+        write_dump(rec, out / f"step{k}")
+    return write_dump(mapped[0], out, batch, initial, steps)  # last: its meta.json marks a complete dump
 
 
 def load_reference(spec: str) -> nn.Module:

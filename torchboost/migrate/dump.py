@@ -1,11 +1,13 @@
-"""The align dump directory: one training step written as `.npz`/`.npy` files any framework can produce.
+"""The align dump directory: a few training steps written as `.npz`/`.npy` files any framework can produce.
 
 Layout (all arrays C-order; floats as float32/float64; names are module paths / parameter names of the
 side that wrote them, e.g. MindSpore cell paths `layer1.0.conv1`, `end_point`, params `bn1.gamma`):
 
     DIR/meta.json                  {"format": "torchboost-align-dump", "version": 1, "loss": <float>,
-                                    "forward_order": [call names in completion order], "framework": "..."}
-                                   (optional; loss is compared when present)
+                                    "forward_order": [call names in completion order], "framework": "...",
+                                    "steps": <training steps in the dump>}
+                                   (optional; loss is compared when present; without "steps", every
+                                   stepK/ folder present counts)
     DIR/batch.npz                  "x": the input batch, "y": the labels — the same batch for both sides
     DIR/weights.npz                initial weights and buffers, by parameter name (optional: when present,
                                    `align_dump` loads them into our model so both sides start equal)
@@ -14,10 +16,14 @@ side that wrote them, e.g. MindSpore cell paths `layer1.0.conv1`, `end_point`, p
     DIR/grad/<param>.npy           the parameter's gradient after backward of the mean loss
     DIR/update/<name>.npy          value after the optimizer step minus value before (parameters, and
                                    floating buffers such as BN running statistics, which the forward updates)
+    DIR/step2/, DIR/step3/, ...    the next training steps on the same batch, the optimizer's state carried
+                                   over (momentum, Adam's moments: a difference there shows only from the
+                                   2nd step), each with its own meta.json, forward/, grad/ and update/ as above
+                                   (optional: a dump without them is compared over its one step, and says so)
 
 <call> is the module path, "(root)" for the whole network, "path#2" for a module's second call.
-Recipe for another framework: load batch.npz and weights.npz written by `dump_step` on our side, run one
-step with the same optimizer settings (dropout off, BN in training mode), write the files above (forward
+Recipe for another framework: load batch.npz and weights.npz written by `dump_step` on our side, run as many
+steps on that batch with the same optimizer settings (dropout off, BN in training mode), write the files above (forward
 hooks in PyTorch; `Cell.register_forward_hook` or msprobe dumps in MindSpore; `register_forward_post_hook`
 in Paddle), then `torchboost align --config A --reference-dump DIR`.
 """
@@ -49,16 +55,18 @@ def _savez(path: Path, **arrays: np.ndarray) -> None:
         np.savez(f, **arrays)
 
 
-def write_dump(rec: Recording, out: str | Path, batch: tuple[torch.Tensor, torch.Tensor],
-               weights: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write a Recording (already in the names the reader expects) in the layout above."""
+def write_dump(rec: Recording, out: str | Path, batch: tuple[torch.Tensor, torch.Tensor] | None = None,
+               weights: dict[str, torch.Tensor] | None = None, steps: int = 1) -> Path:
+    """Write a Recording (already in the names the reader expects) in the layout above: `out` is DIR (with the
+    batch, and `steps` the dump holds) or one of its stepK/ folders (no batch)."""
     out = Path(out)
     for sub in ("forward", "grad", "update"):
         try:
             (out / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise output_error(out / sub, e) from None
-    _savez(out / "batch.npz", x=_np(batch[0]), y=_np(batch[1]))
+    if batch is not None:
+        _savez(out / "batch.npz", x=_np(batch[0]), y=_np(batch[1]))
     if weights is not None:
         _savez(out / "weights.npz", **{k: _np(v) for k, v in weights.items()})
     for call, outputs in rec.forward.items():
@@ -71,7 +79,7 @@ def write_dump(rec: Recording, out: str | Path, batch: tuple[torch.Tensor, torch
             with atomic_path(out / sub / f"{name}.npy") as tmp, open(tmp, "wb") as f:
                 np.save(f, _np(t))
     meta = {"format": FORMAT, "version": VERSION, "loss": rec.loss, "forward_order": list(rec.forward),
-            "framework": f"torch {torch.__version__}"}
+            "framework": f"torch {torch.__version__}", "steps": steps}
     atomic_write(out / "meta.json", json.dumps(meta, indent=1))  # last: a dump with meta.json is complete
     return out
 
@@ -113,6 +121,19 @@ def read_dump(directory: str | Path) -> tuple[Recording, dict]:
         raise DataError(f"dump directory {d} holds no forward/, grad/ or update/ files",
                         "see torchboost.migrate.dump for the layout")
     return rec, meta
+
+
+def read_dump_steps(directory: str | Path, steps: int) -> list[Recording]:
+    """Up to `steps` training steps of a dump directory: DIR's own, then step2/, step3/, ... as far as the
+    dump holds them (its meta.json's "steps", else every stepK/ folder present, in order)."""
+    d = Path(directory)
+    first, meta = read_dump(d)
+    held = meta.get("steps")
+    limit = min(steps, held) if isinstance(held, int) and not isinstance(held, bool) and held >= 1 else steps
+    recs = [first]
+    while len(recs) < limit and (d / f"step{len(recs) + 1}").is_dir():
+        recs.append(read_dump(d / f"step{len(recs) + 1}")[0])
+    return recs
 
 
 def read_arrays(path: str | Path) -> dict[str, torch.Tensor]:

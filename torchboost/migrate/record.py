@@ -1,6 +1,6 @@
 """Record one training step module by module: forward outputs (and inputs), gradients, optimizer update.
 
-Shared by `align` (two implementations, one step) and `torchboost.debug` (layer statistics).
+Shared by `align` (two implementations, a few steps, one call each) and `torchboost.debug` (layer statistics).
 
 Call names: every module call is named by its module path ("(root)" for the model itself); a module
 called more than once in a forward (a shared ReLU or pool) gets "path#2", "path#3", ... for the later

@@ -10,7 +10,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from torchboost.errors import ConfigError
-from torchboost.migrate.align import Batch, NameMap, align_dump, align_modules, dump_step, load_reference
+from torchboost.migrate.align import (DEFAULT_STEPS, Batch, NameMap, align_dump, align_modules, dump_step,
+                                      load_reference)
 from torchboost.migrate.align_report import AlignReport
 from torchboost.recipe.build import build_loss, build_model, effective_lr, optimizer_from_config
 from torchboost.recipe.config import Config
@@ -53,9 +54,10 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
                       reference_dump: Optional[str] = None, overrides: Sequence[str] = (),
                       reference_overrides: Sequence[str] = (), batch_size: int = 8, batch_source: str = "random",
                       single_step: bool = False, name_map: Optional[str] = None,
-                      dump_ours: Optional[str] = None) -> AlignReport | Path:
-    """What `torchboost align` runs. Exactly one of reference / reference_config / reference_dump, or
-    dump_ours alone (write our step as a dump directory for another framework; returns its path).
+                      dump_ours: Optional[str] = None, steps: int = DEFAULT_STEPS) -> AlignReport | Path:
+    """What `torchboost align` runs: `steps` training steps on each side. Exactly one of reference /
+    reference_config / reference_dump, or dump_ours alone (write our steps as a dump directory for another
+    framework; returns its path).
     Loss and optimizer come from `config`; a `reference_config` side is rebuilt whole from its own recipe and
     `reference_overrides` (network, loss and optimizer), so a difference in any of them shows."""
     chosen = [s for s in (reference, reference_config, reference_dump, dump_ours) if s]
@@ -66,7 +68,7 @@ def align_from_config(config: str, *, reference: Optional[str] = None, reference
     model, nm = _build(cfg), _name_map(name_map, cfg)
     batch = config_batch(cfg, eval_ds, batch_size, batch_source, cfg.train.seed)
     kw = dict(loss_fn=build_loss(cfg), optimizer=lambda m: optimizer_from_config(cfg, m, effective_lr(cfg, 1)),
-              name_map=nm, seed=cfg.train.seed)
+              name_map=nm, seed=cfg.train.seed, steps=steps)
     if dump_ours:
         return dump_step(model, batch, dump_ours, **kw)
     if reference_dump:

@@ -20,7 +20,7 @@ from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race import racer_config
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device
-from torchboost.train.lr_find import LrFindResult, find_lr, lr_find_figure, lr_sweep
+from torchboost.train.lr_find import NEVER_FELL, LrFindResult, find_lr, lr_find_figure, lr_sweep
 from torchboost.train.step import TrainStep
 
 DEFAULT_RANGE = (1e-6, 1.0)
@@ -60,7 +60,7 @@ def lr_find_grids(cfg: Config, train_ds: Dataset, names: Iterable[str],
     grids = {}
     for name, result in lr_find(cfg, train_ds, names).items():
         if result.suggestion is None:
-            log(f"lr-find: {name}'s loss never fell in the sweep; racing its default grid")
+            log(f"lr-find: {name}: {NEVER_FELL}; racing its default grid")
             continue
         grids[name] = centred_grid(race_policy(name).lr_grid, result.suggestion)
         log(f"lr-find: {name} suggests lr {result.suggestion:.3g}; racing {','.join(f'{g:g}' for g in grids[name])}")
@@ -75,7 +75,7 @@ def format_results(results: dict[str, LrFindResult]) -> str:
         steep = f"{r.steepest_lr:.3g}" if r.steepest_lr is not None else "-"
         note = r.stopped or f"ran all {len(r.lrs)} updates"
         if r.suggestion is None:
-            note += "; the loss never fell: widen the range (--start/--end) or check the data"
+            note += f"; {NEVER_FELL}: widen the range (--start/--end) or check the data"
         rows.append(f"{name:<14} {sug:>12} {low:>14} {steep:>13}  {note}")
     return "\n".join(rows)
 

@@ -11,7 +11,7 @@ Seconds are training only: each epoch's batches are fetched (and moved to the de
 starts (data loading is the same for every optimizer), the clock stops after the device finished the
 epoch's work, and evaluation is excluded. The race runs on `train.device` (auto: the GPU when there is one)
 in fp32, the same for every racer. A run stops at the epoch budget, its own
-training-time budget, divergence, or (by default) once it reached every target.
+training-time budget, divergence, or (by default) once it reached and held every target (`reached_at`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -186,6 +186,27 @@ def budget_racers(racer: Racer, budgets: Iterable[int] | None) -> list[Racer]:
     return [dataclasses.replace(racer, name=f"{racer.name}@{b}", epochs=b) for b in budgets]
 
 
+TARGET_RULE = ("a target counts as reached at the first evaluation at or above it whose next evaluation is also at "
+               "or above it (the run's last evaluation counts alone)")
+
+
+def reached_at(history: Sequence[dict], target: float) -> int | None:
+    """The hold rule, the one definition of reaching a target (tables, selection, plot, JSON and the stop
+    all use it): the index of the first evaluation at or above `target` whose NEXT evaluation is also at or
+    above it; the run's last evaluation, with nothing after it, counts alone. None: never reached and held.
+    A run that crossed the target and fell back at once (a collapse) has not reached it there."""
+    accs = [r["val_top_1_accuracy"] for r in history]
+    return next((i for i, a in enumerate(accs) if a >= target and (i + 1 == len(accs) or accs[i + 1] >= target)),
+                None)
+
+
+def held_every_target(history: Sequence[dict], targets: Sequence[float]) -> bool:
+    """Every target reached and already confirmed by a later evaluation (not merely by being the last one so
+    far): a run may stop here without the stop deciding the verdict."""
+    at = reached_at(history, max(targets))  # held at the highest target: held at every lower one too
+    return at is not None and at + 1 < len(history)
+
+
 @dataclass
 class Lane:
     """One (racer, lr, seed) run in progress."""
@@ -329,8 +350,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
             order += 1
             if not np.isfinite(loss):
                 lane.stopped = "diverged"
-            elif stop_at_targets and max(r["val_top_1_accuracy"] for r in lane.history) >= max(targets):
-                lane.stopped = "reached every target"
+            elif stop_at_targets and held_every_target(lane.history, targets):
+                lane.stopped = "reached and held every target"
             elif time_budget_s is not None and lane.seconds >= time_budget_s:
                 lane.stopped = "time budget"
             elif epoch + 1 >= lane.budget:

@@ -1,6 +1,7 @@
 """Race results: per target the best lr of each optimizer (median seconds over seeds, a seed that never
-reached the target counting as infinity), ratios to the best other optimizer, per-epoch cost relative to
-the first optimizer, JSON and a plot of validation accuracy against training seconds."""
+reached the target counting as infinity; reaching is the hold rule, `race.reached_at`), ratios to the best
+other optimizer, per-epoch cost relative to the first optimizer, JSON and a plot of validation accuracy
+against training seconds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
-from torchboost.recipe.race import Lane
+from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
 from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
 from torchboost.train.device import device_name
@@ -31,10 +32,11 @@ def cpu_flags() -> str:
     return " ".join(f if f in flags else f"no-{f}" for f in wanted)
 
 
-def _reach(lane: Lane, target: float) -> tuple[float, float]:
-    """(epochs, seconds) to the first evaluation at or above target; (inf, inf) if never."""
-    return next(((r["epoch"], r["seconds"]) for r in lane.history if r["val_top_1_accuracy"] >= target),
-                (math.inf, math.inf))
+def time_to_target(lane: Lane, target: float) -> tuple[float, float]:
+    """(epochs, seconds) at the evaluation where `lane` reached `target` by the hold rule (`reached_at`);
+    (inf, inf) if it never did."""
+    at = reached_at(lane.history, target)
+    return (math.inf, math.inf) if at is None else (lane.history[at]["epoch"], lane.history[at]["seconds"])
 
 
 def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
@@ -61,7 +63,7 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
 def _per_lr(lanes: Sequence[Lane], name: str, target: float) -> list[dict]:
     rows = []
     for lr in dict.fromkeys(l.lr for l in lanes if l.racer == name):
-        hits = [_reach(l, target) for l in lanes if l.racer == name and l.lr == lr]
+        hits = [time_to_target(l, target) for l in lanes if l.racer == name and l.lr == lr]
         rows.append({"lr": lr, "reached": sum(math.isfinite(e) for e, _ in hits), "seeds": len(hits),
                      "median_epochs": statistics.median(e for e, _ in hits),
                      "median_seconds": statistics.median(s for _, s in hits),
@@ -184,6 +186,7 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
     for t, name, r, ratio, cost in table_rows(summary):
         lines.append(f"{t:>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
                      f"{r['median_epochs']:>11.3g} {r['median_seconds']:>8.1f} {ratio:>26} {cost:>17.2f}x")
+    lines.append(f"reached: {TARGET_RULE}")
     lines.append(f"final top-1 at each optimizer's lr ({final_note(summary)}): " + "; ".join(
         f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items()))
     return "\n".join(lines)
@@ -223,7 +226,7 @@ def format_markdown(summary: dict) -> str:
     for t, name, r, ratio, cost in table_rows(summary):
         rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
                     f"{r['median_epochs']:.3g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
-    rows += ["", f"Final top-1 ({final_note(summary)}): " + "; ".join(
+    rows += ["", f"Reached: {TARGET_RULE}.", "", f"Final top-1 ({final_note(summary)}): " + "; ".join(
         f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items())]
     return "\n".join(rows)
 
@@ -241,35 +244,66 @@ def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -
         return path, plot(lanes, summary, out / "race.png")
 
 
-def median_curve(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[float], ...]:
-    """(seconds, accuracy, lowest, highest) per epoch of `name` at `lr`: medians over the seeds that ran that
-    epoch of cumulative seconds and of validation top-1, and the accuracy's spread over those seeds."""
+def _histories(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[list[dict]], int]:
+    """The seeds' histories of `name` at `lr`, and how many evaluations every one of them ran (each seed
+    evaluates at the same epochs, so the i-th rows of all seeds belong together)."""
     hist = [l.history for l in lanes if l.racer == name and l.lr == lr]
-    cols = [[h[i] for h in hist if len(h) > i] for i in range(max(len(h) for h in hist))]
+    return hist, min((len(h) for h in hist), default=0)
+
+
+def median_curve(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[float], ...]:
+    """(seconds, accuracy, lowest, highest) of `name` at `lr` over the evaluations EVERY seed ran: medians over
+    the seeds of cumulative seconds and of validation top-1, and the accuracy's spread. It ends where the first
+    seed stopped: past that a "median" would be of the seeds still running (`seed_tails` draws those)."""
+    hist, shared = _histories(lanes, name, lr)
+    cols = [[h[i] for h in hist] for i in range(shared)]
     accs = [[r["val_top_1_accuracy"] for r in c] for c in cols]
     return ([statistics.median(r["seconds"] for r in c) for c in cols], [statistics.median(a) for a in accs],
             [min(a) for a in accs], [max(a) for a in accs])
 
 
+def seed_tails(lanes: Sequence[Lane], name: str, lr: float) -> list[tuple[list[float], list[float]]]:
+    """(seconds, accuracy) of each seed that ran past the evaluations every seed ran, from the last shared one
+    on (so its line starts where the median line ends); none when every seed ran as long."""
+    hist, shared = _histories(lanes, name, lr)
+    start = max(shared - 1, 0)
+    return [([r["seconds"] for r in h[start:]], [r["val_top_1_accuracy"] for r in h[start:]])
+            for h in hist if len(h) > shared]
+
+
+FIGURE_TITLE = ("race: validation top-1 vs training seconds\nline: median over seeds while every seed runs "
+                "(min-max shaded); thin: single seeds after\nx: median time to target (reached and held at the "
+                "next evaluation)")
+
+
 def race_figure(lanes: Sequence[Lane], summary: dict):
-    """The race plot as a matplotlib Figure: validation top-1 vs training seconds, one line per optimizer at its
-    best lr for the first target (the median over seeds, their spread shaded), each target a dashed line. The
-    y-axis reaches down to the lowest point of any curve or spread: a racer that stays low is in the picture."""
+    """The race plot as a matplotlib Figure: validation top-1 vs training seconds, per optimizer at its chosen
+    lr the median over seeds where every seed still runs (their spread shaded), each seed a thin line beyond
+    that, the table's median time to each target it reached marked x; each target a dashed line. The y-axis
+    reaches down to the lowest point of any curve or spread: a racer that stays low is in the picture."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    first_target, rows = next(iter(summary["targets"].items()))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    rows = next(iter(summary["targets"].values()))
     lowest = min(float(t) for t in summary["targets"])
     for name, row in rows.items():
         xs, ys, lo, hi = median_curve(lanes, name, row["lr"])
         line, = ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
-        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, lw=0)
-        lowest = min([lowest, *lo])
+        color = line.get_color()
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
+        tails = seed_tails(lanes, name, row["lr"])
+        for tx, ty in tails:
+            ax.plot(tx, ty, color=color, lw=0.8, alpha=0.35)
+        for t, by_racer in summary["targets"].items():  # the table's own figure, where the table puts it
+            if math.isfinite(by_racer[name]["median_seconds"]):
+                ax.plot([by_racer[name]["median_seconds"]], [float(t)], "x", color=color, ms=7, mew=1.5)
+        lowest = min([lowest, *lo, *(y for _, ty in tails for y in ty)])
     for t in summary["targets"]:
         ax.axhline(float(t), color="grey", lw=0.6, ls="--")
         ax.annotate(f"target {float(t):.1%}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
                     color="grey", va="bottom")
-    ax.set(xlabel="training seconds", ylabel="validation top-1",
-           title="race: accuracy vs training time (median over seeds, min-max shaded)")
+    ax.set_xlabel("training seconds")
+    ax.set_ylabel("validation top-1")
+    ax.set_title(FIGURE_TITLE, fontsize=8)
     ax.set_ylim(max(0.0, lowest - 0.03), 1.0)
     ax.legend()
     fig.tight_layout()

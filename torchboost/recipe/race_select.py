@@ -24,7 +24,7 @@ from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain
 from torchboost.recipe.config import Config
 from torchboost.recipe.race import Lane, Racer, budget_racers, racer_base, variant_racer
-from torchboost.recipe.race_report import reach_key
+from torchboost.recipe.race_report import reach_key, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -62,33 +62,38 @@ def read_race(path: Path) -> dict:
 def selections(data: dict, source: str) -> list[Selection]:
     """Per optimizer the budget and lr a selection race chose: among its budgets (`NAME@EPOCHS` racers) the one
     whose chosen lr reaches the highest target on the median seed soonest. Refused unless the race selected on
-    a validation split (`--holdout`)."""
-    settings, summary = data["settings"], data["summary"]
+    a validation split (`--holdout`). Ranked from the file's runs (`summarize`: the hold rule, `reached_at`),
+    not from the summary stored beside them, which an older version may have computed by another rule."""
+    settings = data["settings"]
     if not isinstance(settings.get("holdout"), int) or settings["holdout"] <= 0:
         raise ConfigError(f"{source} was raced on the test split, so choosing from it and reporting on it would "
                           "count the same luck twice", "select with `torchboost race --holdout N` first")
-    targets = summary.get("targets")
-    chosen = summary.get("chosen_lr")
-    if not isinstance(targets, dict) or not isinstance(chosen, dict) or not chosen:
-        raise ConfigError(f"{source} has no per-target summary", "give the race.json a finished race wrote")
+    if not data["runs"]:
+        raise ConfigError(f"{source} holds no runs", "give the race.json a race wrote after its first round")
+    summary = summarize(lanes_of(data, source), raced_targets(settings, source))
+    targets, chosen = summary["targets"], summary["chosen_lr"]
     best: dict[str, tuple[tuple, Selection]] = {}
     for racer, lr in chosen.items():
-        name, at, budget = str(racer).partition("@")
+        name, at, budget = racer.partition("@")
         if racer_base(name) not in OPTIMIZERS or (at and not (budget.isdigit() and 1 <= int(budget) <= 100_000)):
             raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
                               "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
-        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not (math.isfinite(lr) and lr > 0):
-            raise ConfigError(f"{source} gives racer {racer!r} the lr {lr!r}", "give the race.json a race wrote")
-        try:
-            rows = {float(t): targets[t][racer] for t in targets}
-            key = reach_key(rows)
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"{source}'s summary has no row per target for {racer!r}",
-                              "give the race.json a finished race wrote") from None
-        pick = Selection(name, float(lr), int(budget) if at else None)
+        key = reach_key({float(t): rows[racer] for t, rows in targets.items()})
+        pick = Selection(name, lr, int(budget) if at else None)
         if name not in best or key < best[name][0]:
             best[name] = (key, pick)
     return [s for _, s in best.values()]
+
+
+def raced_targets(settings: dict, source: str) -> tuple[float, ...]:
+    """The targets a saved race raced (its settings), each an accuracy in (0, 1]."""
+    try:
+        targets = tuple(float(t) for t in settings["targets"])
+    except (KeyError, TypeError, ValueError):
+        targets = ()
+    if not targets or not all(0 < t <= 1 for t in targets):
+        raise ConfigError(f"{source} does not say which targets it raced", "give the race.json a race wrote")
+    return targets
 
 
 def frozen_racers(chosen: Sequence[Selection], cfg: Config) -> list[Racer]:
@@ -157,7 +162,7 @@ def pooled_lanes(paths: Sequence[Path]) -> list[Lane]:
     return lanes
 
 
-def lanes_of(data: dict, source: Path) -> list[Lane]:
+def lanes_of(data: dict, source: Path | str) -> list[Lane]:
     """The runs of a read race.json as lanes (history only), each field checked."""
     lanes = []
     for r in data["runs"]:
@@ -166,9 +171,11 @@ def lanes_of(data: dict, source: Path) -> list[Lane]:
                             val_top_1_accuracy=float(h["val_top_1_accuracy"]),
                             **{k: v for k, v in h.items() if k not in ("epoch", "seconds", "val_top_1_accuracy")})
                        for h in r["history"]]
-            lane = Lane(str(r["optimizer"]), float(r["lr"]), int(r["seed"]), None, None, None,  # type: ignore[arg-type]
-                        seconds=history[-1]["seconds"] if history else 0.0, history=history,
-                        stopped=str(r.get("stopped") or ""))
+            lr = float(r["lr"])
+            if isinstance(r["lr"], bool) or not (math.isfinite(lr) and lr > 0) or not history:
+                raise ValueError("an lr that is not a finite number > 0, or no evaluation")
+            lane = Lane(str(r["optimizer"]), lr, int(r["seed"]), None, None, None,  # type: ignore[arg-type]
+                        seconds=history[-1]["seconds"], history=history, stopped=str(r.get("stopped") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             raise ConfigError(f"{source} holds a run that is not a race run", "give the race.json a race wrote") from None
         lanes.append(lane)

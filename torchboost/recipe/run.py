@@ -24,22 +24,22 @@ from torchboost import dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
+from torchboost.fileio import cache_dir
 from torchboost.recipe.build import (build_ema, build_grad_scaler, build_loss, build_model, optimizer_from_config,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
 from torchboost.recipe.config import Config, dump_config
-from torchboost.recipe.kinds import get_kind
-from torchboost.recipe.data import eval_preprocess, input_norm, load_data, split_source
+from torchboost.recipe.data import input_norm, load_data, split_source
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve_config
-from torchboost.recipe.resume import schedule_keys
+from torchboost.recipe.run_says import chance_advice, describe_run, schedule_note, warnings_for
 from torchboost.recipe.validation import validated
 from torchboost.seed import seed_everything
 from torchboost.train.callbacks import ChanceMonitor
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
-from torchboost.train.device import amp_dtype_for, cpu_has_bf16, resolve_device
+from torchboost.train.device import amp_dtype_for, resolve_device
 from torchboost.train.model import Model
 from torchboost.train.step import StepOptions
 
@@ -162,9 +162,10 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         if info.is_main:
             write_config(out, dump_config(run_cfg))
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
-        state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
-                            eval_every=run_cfg.train.eval_every, log_fn=log,
-                            eval_name=split_source(run_cfg.data, "test"))
+        with compiler_cache(run_cfg.train.compile != "none"):
+            state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
+                                eval_every=run_cfg.train.eval_every, log_fn=log,
+                                eval_name=split_source(run_cfg.data, "test"))
     skipped = loader_skipped(train_loader) + loader_skipped(eval_loader)
     if skipped:
         log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a note")
@@ -198,28 +199,14 @@ def check_same_run(ckpt: dict, path: str, cfg: Config) -> None:
 
 
 def check_epochs_left(ckpt: dict, path: str, epochs: int) -> None:
-    done = int(ckpt.get("epoch", 0)) + (1 if ckpt.get("epoch_complete") else 0)
+    epoch, complete = ckpt.get("epoch", 0), ckpt.get("epoch_complete", False)
+    if type(epoch) is not int or type(complete) is not bool:
+        return  # not a count: Model.load_checkpoint refuses the file, naming the field
+    done = epoch + (1 if complete else 0)
     if done >= epochs:
         raise ConfigError(f"{path} has already trained {done} epoch(s) and train.epochs={epochs}: there is nothing "
                           "left to train", "to train on, give more epochs and --force (--epochs N --force): the lr "
                           "schedule is then recomputed for N epochs, and the lr it continues at is printed")
-
-
-def schedule_note(ckpt: dict, cfg: Config, schedule, path: str) -> Optional[str]:
-    """The line a resume that changed the lr schedule prints (None when the schedule's keys are the run's): the
-    lr the resumed update takes on the new schedule beside the one the checkpoint's last update took."""
-    saved = flatten(ckpt.get("config") or {})
-    now = flatten(cfg.to_dict())
-    changed = schedule_keys(k for k in now if k in saved and saved[k] != now[k])
-    if not changed:
-        return None
-    step = int(ckpt.get("global_step", 0))
-    groups = ckpt.get("optimizer", {}).get("param_groups") or [{}]
-    was = groups[0].get("lr", float("nan")) / groups[0].get("lr_scale", 1)
-    at = f"lr {schedule[step]:.4g}" if step < len(schedule) else "no update left"
-    return (f"resume: the lr schedule changed ({', '.join(f'{k} {saved[k]} -> {now[k]}' for k in changed[:3])}): "
-            f"update {step + 1} continues at {at} (the checkpoint's last update took lr {was:.4g}), ending at lr "
-            f"{schedule[-1]:.4g} after {len(schedule)} updates ({cfg.schedule.mode} over {cfg.train.epochs} epochs)")
 
 
 def check_same_world(ckpt: dict, path: str, cfg: Config, world_size: int) -> None:
@@ -336,49 +323,24 @@ def fusion_config(cfg: Config, plan: BoostPlan | None) -> list[int] | None:
     return list(groups) or None
 
 
-def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str]:
-    """What a user should know before the first update: settings that cost speed here."""
-    notes = []
-    cores = os.cpu_count() or 1
-    if cfg.data.workers > cores:
-        notes.append(f"data.workers={cfg.data.workers} on {cores} CPU cores: more workers than cores compete "
-                     f"with training for the CPU; try data.workers={max(cores - 1, 0)}")
-    t = cfg.train
-    dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
-    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16():
-        notes.append(f"train.amp_dtype={t.amp_dtype} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX): it is "
-                     "emulated and about 2x slower than fp32; use --set train.amp_dtype=none here")
-    if dtype == torch.float16 and t.loss_scale == "none":
-        notes.append("float16 autocast without loss scaling: its small gradients underflow (measured on CPU: "
-                     "training stays at chance); add --set train.loss_scale=dynamic, or use train.amp_dtype=bfloat16")
-    return notes
+COMPILER_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 
 
-def chance_advice(cfg: Config, net: torch.nn.Module, lr: float) -> str:
-    """The likely fix for a run stuck at chance, valid for this network: a smaller lr for any; a network
-    without BatchNorm (the MNIST CNN) is also offered one with it, which trains from any image statistics."""
-    fix = f"lower the lr (--lr {lr / 10:g}), and check that each class folder holds its own class's images"
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
-        return fix
-    return (f"{cfg.model.name} has no BatchNorm, and diverges or stalls on data unlike its recipe's: {fix}, or "
-            "train a BatchNorm network (--set model.name=resnet20)")
+@contextlib.contextmanager
+def compiler_cache(compiling: bool) -> Iterator[None]:
+    """While a compiled run trains, torch.compile's caches go under the run (`fileio.cache_dir`), not $TMPDIR
+    (the user's own variables win); the environment is put back after."""
+    set_here = [k for k in COMPILER_CACHES if compiling and k not in os.environ and cache_dir(k) is not None]
+    for key in set_here:
+        os.environ[key] = str(cache_dir(COMPILER_CACHES[key]))
+    try:
+        yield
+    finally:
+        for key in set_here:
+            os.environ.pop(key, None)
 
 
-def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_size: int, steps_per_epoch: int,
-                 lr: float) -> str:
-    """The start-up line: what trains on what, and how the learning rate was derived."""
-    lr_text = f"lr {lr:g}"
-    if cfg.optim.lr_reference_batch is not None:
-        lr_text += (f" (optim.lr {cfg.optim.lr:g} per {cfg.optim.lr_reference_batch} images, scaled to the "
-                    f"global batch of {global_batch(cfg, world_size)})")
-    d = cfg.data
-    prep = "" if get_kind(d.dataset).in_memory else ", " + eval_preprocess(d).describe()
-    where = f"{d.dataset} {d.path}" if d.path else d.dataset
-    size = f"{d.image_size}×{d.image_size} px input" if d.image_size else "native-size input"
-    return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s), {size}) "
-            f"on {where} ({len(train_ds)} train images; evaluated on {split_source(d, 'test')}: {len(eval_ds)} "
-            f"images{prep}) for {cfg.train.epochs} epochs on {device}, {world_size} "
-            f"process(es), {steps_per_epoch} updates/epoch, {lr_text}")
+
 
 
 @contextlib.contextmanager

@@ -22,10 +22,19 @@ from ..errors import ConfigError, TrainingError
 from .step import TrainStep
 
 
+# The bias-corrected average's first values rest on a handful of losses (the first IS one batch's loss): a
+# lucky first batch can make the curve's start its lowest point, and the words said "never fell" while the plot
+# showed a fall from its plateau. Only past these updates is the curve drawn and judged (fastai and Lightning
+# leave them out of their suggestion too).
+WARMUP = 10
+NEVER_FELL = "the smoothed loss never fell below where its plotted curve starts"
+
+
 @dataclass
 class LrFindResult:
     """The sweep: the lr of each update, its loss, the smoothed loss, the lr of the lowest smoothed loss, the lr
-    of its steepest fall, and the suggestion (a tenth of the lowest point's lr; None: the loss never fell).
+    of its steepest fall, and the suggestion (a tenth of the lowest point's lr; None: the loss never fell below
+    where its plotted curve starts). The last three are read from `shown()`, the series the figure draws.
     `stopped`: why the sweep ended before its last update ("" when it ran them all)."""
 
     lrs: list[float] = field(default_factory=list)
@@ -36,9 +45,21 @@ class LrFindResult:
     steepest_lr: Optional[float] = None
     stopped: str = ""
 
+    @property
+    def shown_from(self) -> int:
+        """The first update of the plotted series: past the average's warm-up, unless the sweep is too short
+        to spare it."""
+        return WARMUP if len(self.smoothed) > 2 * WARMUP else 0
+
+    def shown(self) -> tuple[list[float], list[float]]:
+        """(lrs, smoothed loss) as the figure draws them; the suggestion and the words are computed from
+        exactly this series."""
+        return self.lrs[self.shown_from:], self.smoothed[self.shown_from:]
+
     def to_dict(self) -> dict:
-        return dict(lrs=self.lrs, losses=self.losses, smoothed=self.smoothed, suggestion=self.suggestion,
-                    min_loss_lr=self.min_loss_lr, steepest_lr=self.steepest_lr, stopped=self.stopped)
+        return dict(lrs=self.lrs, losses=self.losses, smoothed=self.smoothed, shown_from=self.shown_from,
+                    suggestion=self.suggestion, min_loss_lr=self.min_loss_lr, steepest_lr=self.steepest_lr,
+                    stopped=self.stopped)
 
 
 def lr_sweep(start: float, end: float, updates: int) -> np.ndarray:
@@ -90,11 +111,17 @@ def find_lr(step: TrainStep, batches: Iterable, lrs: np.ndarray, beta: float = 0
         if not math.isfinite(smooth) or smooth > diverge * best:
             result.stopped = f"loss diverged at lr {lr:.3g} ({smooth:.3g} > {diverge:g} x the best {best:.3g})"
             break
-    if result.smoothed:
-        low = int(np.argmin(result.smoothed))
-        result.min_loss_lr = result.lrs[low]
-        result.steepest_lr = steepest_lr(result.lrs, result.smoothed)
-        if result.smoothed[low] < result.smoothed[0]:  # the loss fell: a decade below its lowest point
+    return conclude(result)
+
+
+def conclude(result: LrFindResult) -> LrFindResult:
+    """Fill in the lowest point, the steepest fall and the suggestion from the plotted series (`shown`)."""
+    lrs, loss = result.shown()
+    if loss:
+        low = int(np.argmin(loss))
+        result.min_loss_lr = lrs[low]
+        result.steepest_lr = steepest_lr(lrs, loss, skip_start=0)  # `shown` already left out the noisy start
+        if loss[low] < loss[0]:  # the plotted loss fell: a decade below its lowest point
             result.suggestion = result.min_loss_lr / 10
     return result
 
@@ -116,22 +143,25 @@ def lr_find_figure(results: dict[str, LrFindResult]):
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = {name: r.shown() for name, r in results.items()}
     for name, r in results.items():
-        if not r.lrs:
+        lrs, loss = series[name]
+        if not lrs:
             continue
-        line, = ax.plot(r.lrs, r.smoothed, label=name)
+        line, = ax.plot(lrs, loss, label=name if r.suggestion is not None else f"{name} (never fell)")
         if r.suggestion is not None:  # marked on the curve at the sweep's nearest lr
-            i = int(np.argmin(np.abs(np.log(r.lrs) - np.log(r.suggestion))))
-            ax.plot([r.lrs[i]], [r.smoothed[i]], "o", color=line.get_color())
-            ax.annotate(f"{r.suggestion:.2g}", (r.lrs[i], r.smoothed[i]), textcoords="offset points",
+            i = int(np.argmin(np.abs(np.log(lrs) - np.log(r.suggestion))))
+            ax.plot([lrs[i]], [loss[i]], "o", color=line.get_color())
+            ax.annotate(f"{r.suggestion:.2g}", (lrs[i], loss[i]), textcoords="offset points",
                         xytext=(4, 6), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("training loss (smoothed)")
-    finite = [v for r in results.values() for v in r.smoothed if math.isfinite(v)]
+    past = any(r.shown_from for r in results.values())
+    ax.set_ylabel("training loss (smoothed" + (f", past its first {WARMUP} updates)" if past else ")"))
+    finite = [v for _, loss in series.values() for v in loss if math.isfinite(v)]
     if finite:  # the climb after divergence would squash the interesting part
         low = min(finite)
-        start = max(r.smoothed[0] for r in results.values() if r.smoothed)
+        start = max(loss[0] for _, loss in series.values() if loss)
         ax.set_ylim(low - 0.05 * abs(low), max(start, low) * 1.5 + 1e-9)
     ax.set_title("lr range test: the dot is the suggested lr (a decade below the lowest loss)")
     ax.grid(True, which="both", alpha=0.3)

@@ -1,0 +1,80 @@
+"""What a training run says about itself: the start-up line (model, input, data and the split evaluated,
+how the lr was derived), warnings before the first update, the lr a resume with a changed schedule continues
+at, and the advice for a run stuck at chance. Each line names what it was computed on."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from torchboost.recipe.build import global_batch
+from torchboost.recipe.config import Config
+from torchboost.recipe.data import eval_preprocess, split_source
+from torchboost.recipe.diff import flatten
+from torchboost.recipe.kinds import get_kind
+from torchboost.recipe.resume import schedule_keys
+from torchboost.train.device import amp_dtype_for, cpu_has_bf16
+
+
+def schedule_note(ckpt: dict, cfg: Config, schedule, path: str) -> Optional[str]:
+    """The line a resume that changed the lr schedule prints (None when the schedule's keys are the run's): the
+    lr the resumed update takes on the new schedule beside the one the checkpoint's last update took."""
+    saved = flatten(ckpt.get("config") or {})
+    now = flatten(cfg.to_dict())
+    changed = schedule_keys(k for k in now if k in saved and saved[k] != now[k])
+    if not changed:
+        return None
+    step = int(ckpt.get("global_step", 0))
+    groups = ckpt.get("optimizer", {}).get("param_groups") or [{}]
+    was = groups[0].get("lr", float("nan")) / groups[0].get("lr_scale", 1)
+    at = f"lr {schedule[step]:.4g}" if step < len(schedule) else "no update left"
+    return (f"resume: the lr schedule changed ({', '.join(f'{k} {saved[k]} -> {now[k]}' for k in changed[:3])}): "
+            f"update {step + 1} continues at {at} (the checkpoint's last update took lr {was:.4g}), ending at lr "
+            f"{schedule[-1]:.4g} after {len(schedule)} updates ({cfg.schedule.mode} over {cfg.train.epochs} epochs)")
+
+
+def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str]:
+    """What a user should know before the first update: settings that cost speed here."""
+    notes = []
+    cores = os.cpu_count() or 1
+    if cfg.data.workers > cores:
+        notes.append(f"data.workers={cfg.data.workers} on {cores} CPU cores: more workers than cores compete "
+                     f"with training for the CPU; try data.workers={max(cores - 1, 0)}")
+    t = cfg.train
+    dtype = None if t.amp_dtype == "none" else amp_dtype_for(device, t.amp_dtype)
+    if dtype == torch.bfloat16 and device.type == "cpu" and not cpu_has_bf16():
+        notes.append(f"train.amp_dtype={t.amp_dtype} uses bf16, which this CPU lacks (no AVX-512-BF16/AMX): it is "
+                     "emulated and about 2x slower than fp32; use --set train.amp_dtype=none here")
+    if dtype == torch.float16 and t.loss_scale == "none":
+        notes.append("float16 autocast without loss scaling: its small gradients underflow (measured on CPU: "
+                     "training stays at chance); add --set train.loss_scale=dynamic, or use train.amp_dtype=bfloat16")
+    return notes
+
+
+def chance_advice(cfg: Config, net: torch.nn.Module, lr: float) -> str:
+    """The likely fix for a run stuck at chance, valid for this network: a smaller lr for any; a network
+    without BatchNorm (the MNIST CNN) is also offered one with it, which trains from any image statistics."""
+    fix = f"lower the lr (--lr {lr / 10:g}), and check that each class folder holds its own class's images"
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
+        return fix
+    return (f"{cfg.model.name} has no BatchNorm, and diverges or stalls on data unlike its recipe's: {fix}, or "
+            "train a BatchNorm network (--set model.name=resnet20)")
+
+
+def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_size: int, steps_per_epoch: int,
+                 lr: float) -> str:
+    """The start-up line: what trains on what, and how the learning rate was derived."""
+    lr_text = f"lr {lr:g}"
+    if cfg.optim.lr_reference_batch is not None:
+        lr_text += (f" (optim.lr {cfg.optim.lr:g} per {cfg.optim.lr_reference_batch} images, scaled to the "
+                    f"global batch of {global_batch(cfg, world_size)})")
+    d = cfg.data
+    prep = "" if get_kind(d.dataset).in_memory else ", " + eval_preprocess(d).describe()
+    where = f"{d.dataset} {d.path}" if d.path else d.dataset
+    size = f"{d.image_size}×{d.image_size} px input" if d.image_size else "native-size input"
+    return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s), {size}) "
+            f"on {where} ({len(train_ds)} train images; evaluated on {split_source(d, 'test')}: {len(eval_ds)} "
+            f"images{prep}) for {cfg.train.epochs} epochs on {device}, {world_size} "
+            f"process(es), {steps_per_epoch} updates/epoch, {lr_text}")
