@@ -159,7 +159,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["file", "rank", "class", "probability"])
-        writer.writerows([path, rank + 1, c, f"{p:.6f}"] for path, preds in rows for rank, (c, p) in enumerate(preds))
+        # names escaped as in text (a terminal shows CSV too); --format json keeps them exact, JSON-escaped
+        writer.writerows([printable(path), rank + 1, printable(c), f"{p:.6f}"] for path, preds in rows
+                         for rank, (c, p) in enumerate(preds))
     else:  # text: names from files (image paths, the checkpoint's class names) with control characters escaped,
         for path, preds in rows:  # so a class called "cat\nfile.png: dog 0.99" cannot print a line of its own
             print(f"{printable(path)}: " + ", ".join(f"{printable(c)} {p:.4f}" for c, p in preds))
@@ -494,9 +496,17 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number > 0")
+    return value
+
+
+def accuracy_target(text: str) -> float:
+    """An argparse type: a top-1 accuracy to reach, in (0, 1]."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an accuracy in (0, 1] (0.975 is 97.5%)")
     return value
 DIAGNOSTIC_BATCH = int_between(1, 1024)  # align / debug-layers look at one batch: its activations are kept
 
@@ -518,7 +528,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     t.add_argument("--data", help="data folder/file (sets data.path; with a built-in data set, trains on the "
                                    "image folder instead)")
     t.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
-    t.add_argument("--lr", type=float, help="shortcut for --set optim.lr=X")
+    t.add_argument("--lr", type=positive_float, help="shortcut for --set optim.lr=X")
     t.add_argument("--batch-size", "-b", type=int, help="shortcut for --set data.batch_size=N (per process)")
     t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
     t.add_argument("--resume", metavar="CHECKPOINT|RUN_FOLDER|last|auto",
@@ -724,7 +734,7 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
                          "options changed: 'thor[graft=muon_step]', 'muon[weight_norm=pin]'")
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
-    rc.add_argument("--targets", nargs="+", type=float, help="validation top-1 targets (default 0.975 0.98; with "
+    rc.add_argument("--targets", nargs="+", type=accuracy_target, help="validation top-1 targets (default 0.975 0.98; with "
                                                               "--report: the saved race's)")
     rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds FIRST..FIRST+N-1 (each racer the "
                                                                         "same inits and batch orders)")
@@ -734,7 +744,7 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--budget", action="append", metavar="NAME=EPOCHS,EPOCHS",
                     help="one optimizer's own epoch budgets, each raced as NAME@EPOCHS with its schedule over "
                          "them, e.g. thor=6,8 (repeatable; default --epochs)")
-    rc.add_argument("--time-budget", type=float, help="stop a run after this many training seconds")
+    rc.add_argument("--time-budget", type=positive_float, help="stop a run after this many training seconds")
     rc.add_argument("--full-budget", action="store_true", help="keep training after the last target is reached")
     rc.add_argument("--evals-per-epoch", type=int_between(1, 100), default=4,
                     help="evaluations (untimed) per epoch: time to a target is read to this fraction of an epoch")
@@ -801,8 +811,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as e:  # a file system refusal nothing above turned into a one-line error yet
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"error: {where}{e.strerror or e} — check the path and its permissions", file=sys.stderr)
+        where = f"{printable(e.filename)}: " if e.filename else ""  # a name from a file: no forged lines
+        print(f"error: {where}{printable(e.strerror or e)} — check the path and its permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # `train` says what it left itself (see _interrupted)
         print("interrupted", file=sys.stderr)

@@ -7,7 +7,7 @@ from typing import Iterable
 # Characters that would let a name from a file (a class folder, a shard key, a saved value) start a new line,
 # rewrite the terminal or reorder the text around it: controls (Cc: newline, CR, ESC...), format characters
 # (Cf: bidirectional overrides, zero-width) and line/paragraph separators (Zl, Zp).
-_HIDDEN = ("Cc", "Cf", "Zl", "Zp")
+_HIDDEN = ("Cc", "Cf", "Zl", "Zp", "Cs")  # controls, bidi/format, line breaks, lone surrogates (unencodable)
 
 
 def printable(text: object) -> str:

@@ -37,6 +37,7 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 GRAY_MODES = ("1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F")
 MAX_SIDE = 8192  # a transform working at more pixels per side is a typo (one image would take > 200 MB)
 MAX_PIXELS = 100_000_000  # checked from the header, before decoding: a 1 kB PNG can claim 10^10 pixels
+MAX_IMAGE_SIDE = 32_768  # and each side: a 99,000,000×1 PNG is under MAX_PIXELS, yet no photo is that long
 
 
 @contextmanager
@@ -47,6 +48,8 @@ def open_image(path: str | Path | BinaryIO) -> Iterator[Image.Image]:
         w, h = img.size
         if w * h > MAX_PIXELS:
             raise ValueError(f"{w}×{h} pixels is over the {MAX_PIXELS:,}-pixel limit")
+        if max(w, h) > MAX_IMAGE_SIDE:
+            raise ValueError(f"{w}×{h} pixels has a side over the {MAX_IMAGE_SIDE:,}-pixel limit")
         yield img
 
 

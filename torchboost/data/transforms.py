@@ -210,6 +210,9 @@ class TrainTransform(ImageTransform):
         return self.finish(out, rng, flip)
 
 
+MAX_ASPECT = 64  # longest side over shortest an image may have (panoramas are ~4:1)
+
+
 class EvalTransform(ImageTransform):
     """Resize the shorter side to int(size / crop_pct), centre-crop size × size, normalize."""
 
@@ -221,8 +224,12 @@ class EvalTransform(ImageTransform):
         self.resize = int(size / crop_pct)
 
     def geometry(self, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
-        """(resized width, height) and the centre-crop box (left, top, right, bottom), as torchvision."""
+        """(resized width, height) and the centre-crop box (left, top, right, bottom), as torchvision. An image
+        so long that its resized long side would pass MAX_ASPECT × the resize is refused (ValueError, as a
+        corrupt image): a 99,000,000×1 strip would otherwise ask for gigabytes here."""
         short, long = min(width, height), max(width, height)
+        if long > MAX_ASPECT * short:
+            raise ValueError(f"{width}×{height} pixels is longer than {MAX_ASPECT}:1, not a picture to classify")
         new_long = int(self.resize * long / short)
         nw, nh = (self.resize, new_long) if width <= height else (new_long, self.resize)
         left, top = int(round((nw - self.size) / 2.0)), int(round((nh - self.size) / 2.0))

@@ -38,7 +38,8 @@ MODELS = tuple(list_models())
 @dataclass
 class ModelConfig:
     name: str = option("mnist_cnn", choices=MODELS, help="the network")
-    num_classes: Optional[int] = option(None, ge=1, help="classifier outputs; unset: the data's class count")
+    num_classes: Optional[int] = option(None, ge=1, le=1_000_000, help="classifier outputs; unset: the data's "
+                                                                       "class count")
     in_chans: Optional[int] = option(None, ge=1, help="input channels; unset: the data's channel count")
     zero_init_last_bn: bool = option(False, help="ResNets: start each block's last BatchNorm scale at 0")
     init: Optional[str] = option(None, choices=("torchvision", "mindspore", "torch", "paddle"),
@@ -65,10 +66,11 @@ class DataConfig:
     pin_memory: bool = option(False, help="page-locked batches for faster copies to a GPU")
     skip_corrupt: bool = option(False, help="leave out images that cannot be decoded (and say how many) "
                                             "instead of stopping")
-    mean: Optional[list[float]] = option(None, help="per-channel normalisation mean; unset: a built-in set's "
-                                                    "own, ImageNet's for 3-channel folders and shards, 0.5 for "
-                                                    "1-channel ones")
-    std: Optional[list[float]] = option(None, gt=0, help="per-channel normalisation std; unset: as mean")
+    mean: Optional[list[float]] = option(None, ge=-1000, le=1000, help="per-channel normalisation mean; unset: a "
+                                         "built-in set's own, ImageNet's for 3-channel folders and shards, 0.5 for "
+                                         "1-channel ones")
+    std: Optional[list[float]] = option(None, ge=1e-4, le=1000, help="per-channel normalisation std (pixels on "
+                                                                     "[0, 1]); unset: as mean")
     crop_pct: Optional[float] = option(None, gt=0, le=1, help="evaluation centre crop: resize the shorter side "
                                        "to image_size / crop_pct, then crop; unset: 1.0 (the whole image, never "
                                        "zoomed) where training sees whole images (in-memory sets, the shift "

@@ -8,6 +8,7 @@ also runs an exported .onnx (`torchboost export`) through ONNX Runtime, preproce
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -146,7 +147,7 @@ def image_files(paths: Sequence[str]) -> list[str]:
     files: list[str] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
+            found = sorted(str(f) for f in _walk(p) if f.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
                 raise DataError(f"no images in folder {p}", f"supported: {', '.join(IMAGE_SUFFIXES)}")
             files += found
@@ -155,6 +156,16 @@ def image_files(paths: Sequence[str]) -> list[str]:
         else:
             raise DataError(f"{p} does not exist", "pass image files or folders")
     return files
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every file under `root`. A folder that cannot be read is a DataError naming it, as eval and train say:
+    skipped silently, its images would be missing from the results with nothing to show for it."""
+    def refuse(e: OSError) -> None:
+        raise DataError(f"cannot read the folder {e.filename} ({e.strerror})",
+                        "give it read permission, or predict on the other folders by name")
+
+    return [Path(d, f) for d, _, names in os.walk(root, onerror=refuse) for f in names]
 
 
 def predict_images(path: str, images: Sequence[str], topk: int = 5, config: Optional[str] = None,

@@ -118,6 +118,10 @@ def import_mlflow(tracking_uri: str) -> Any:
     if missing:
         raise ImportError(f"MLflow logging to {tracking_uri} needs {', '.join(missing)}: {INSTALL}")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow's HTTP defaults (7 retries with doubling back-off, 120 s per request) stall a run for minutes on
+    # a closed port; a store that does not answer in seconds is reported then (the user's own values win)
+    for key, value in HTTP_LIMITS.items():
+        os.environ.setdefault(key, value)
     import mlflow  # noqa: PLC0415 - the optional dependency, only when asked for
 
     db_log = logging.getLogger("mlflow.store.db.utils")  # "Creating initial MLflow database tables...", per store
@@ -126,9 +130,18 @@ def import_mlflow(tracking_uri: str) -> Any:
     return mlflow
 
 
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+MESSAGE_CHARS = 300
+
+
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return printable(text[0] if text else type(e).__name__)[:300]
+    """The store's error on one line; a long one keeps its start and its end, where requests and SQLAlchemy
+    put the cause ("Connection refused", "unable to open database file")."""
+    text = printable(" ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__)
+    if len(text) <= MESSAGE_CHARS:
+        return text
+    return f"{text[:MESSAGE_CHARS // 2 - 3]} … {text[-(MESSAGE_CHARS // 2 - 2):]}"
 
 
 class MLflowLogger(Callback):
@@ -175,9 +188,13 @@ class MLflowLogger(Callback):
             raise self._error(what, e) from e
 
     def _error(self, what: str, e: BaseException) -> OutputError:
+        saved = self.artifacts is not None and any(
+            path is not None and path.is_file() for path, folder in self.artifacts() if folder == "checkpoints")
+        then = ("the checkpoints are intact: continue with --resume" if saved else
+                "no checkpoint was written yet: run the same command again once the store answers")
         return OutputError(f"MLflow at {self.tracking_uri}: cannot {what}: {_one_line(e)}",
-                           "check the tracking store (train.mlflow.tracking_uri), or drop mlflow from "
-                           "train.loggers; the checkpoints are intact: continue with --resume")
+                           f"check the tracking store (train.mlflow.tracking_uri), or drop mlflow from "
+                           f"train.loggers; {then}")
 
     def _open(self) -> None:
         mlflow = self._mlflow
