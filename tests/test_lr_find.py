@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,8 @@ from torchboost.recipe.lr_find import centred_grid, format_results
 from torchboost.train.lr_find import NEVER_FELL, find_lr, lr_find_figure, lr_sweep, steepest_lr
 from torchboost.train.step import TrainStep
 from train_tiny import batches, tiny_net
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_steepest_fall_of_a_known_curve():
@@ -208,3 +211,20 @@ def test_an_output_that_is_not_a_folder_is_refused_before_any_work(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and str(out) in err, err
     assert ("a link to nothing" if shape == "dangling" else "is not a folder") in err
+
+
+@pytest.mark.slow
+def test_the_guides_lr_find_figures_are_what_the_command_prints(tmp_path, capsys):
+    """docs/guide/around-training.md quotes the default task's suggestions and shows img/lr-find.png, made
+    from img/lr-find.json: the command run now gives those suggestions (the figure's data is this run's)."""
+    import json
+    import re
+
+    assert main(["lr-find", "--optimizers", "sgd", "adamw", "muon", "-o", str(tmp_path / "lf")]) == 0
+    ran = json.loads((tmp_path / "lf" / "lr-find.json").read_text())["results"]
+    shown = json.loads((ROOT / "docs" / "guide" / "img" / "lr-find.json").read_text())["results"]
+    guide = (ROOT / "docs" / "guide" / "around-training.md").read_text()
+    quoted = dict(re.findall(r"(SGD|AdamW|Muon) (0\.\d+)", guide[guide.index("On the default task"):]))
+    for name, key in (("SGD", "sgd"), ("Muon", "muon"), ("AdamW", "adamw")):
+        assert f"{ran[key]['suggestion']:.2g}" == quoted[name], (name, quoted[name])
+        assert ran[key]["suggestion"] == pytest.approx(shown[key]["suggestion"], rel=0.05)
