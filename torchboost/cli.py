@@ -26,7 +26,8 @@ DEFAULT_RECIPE = "mnist-lenet"
 def train_overrides(args: argparse.Namespace) -> list[str]:
     """`--set` items plus the shortcuts (--epochs, --lr, --batch-size, --data), shortcuts last so they win."""
     overrides = list(args.set or [])
-    for flag, key in (("epochs", "train.epochs"), ("lr", "optim.lr"), ("batch_size", "data.batch_size")):
+    for flag, key in (("epochs", "train.epochs"), ("lr", "optim.lr"), ("batch_size", "data.batch_size"),
+                      ("threads", "train.threads")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     return overrides
@@ -67,6 +68,7 @@ def _train_plan(args: argparse.Namespace, log: Callable[[str], None] = print):
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .recipe.config import dump_config
+    from .recipe.data import split_source
     from .recipe.run import output_dir, train_from_config
 
     cfg, output, overwrite, resume = _train_plan(args)
@@ -82,7 +84,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     acc = result.eval_results.get("val_top_1_accuracy")
     if acc is not None and result.is_main:
         top5 = result.eval_results.get("val_top_5_accuracy")  # absent with 5 classes or fewer
-        print(f"final: top-1 {acc:.4f}" + ("" if top5 is None else f", top-5 {top5:.4f}"))
+        test = result.final_results.get("test_top_1_accuracy")
+        print(f"final: top-1 {acc:.4f}" + ("" if top5 is None else f", top-5 {top5:.4f}") +
+              f", the last epoch's on {split_source(result.config.data, 'test')}" +
+              ("" if test is None else f"; test top-1 {test:.4f} (best checkpoint, {result.output_dir}/test/)"))
     return 0
 
 
@@ -138,14 +143,21 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from .recipe.infer import evaluate_checkpoint
+    from .recipe.per_class import summary_lines, write_per_class
 
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
                               overrides=args.set or [])
-    if args.format == "json":  # full precision, and what it was computed on, as one document
-        print(json.dumps({"evaluated_on": res.pop("data"), **res}, indent=1))
+    report, source = res.pop("per_class"), res.pop("data")
+    written = write_per_class(report, Path(args.out), f"confusion on {source}") if args.out else []
+    if args.format == "json":  # full precision, what it was computed on and every per-class figure, one document
+        print(json.dumps({"evaluated_on": source, **res, "per_class": report,
+                          "files": [str(p) for p in written]}, indent=1))
         return 0
-    print(f"evaluated {res.pop('data')}: {res['samples']} images")  # names the folder it read
+    print(f"evaluated {source}: {res['samples']} images")  # names the folder it read
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items()))
+    print("\n".join(summary_lines(report)))
+    if written:
+        print(f"per-class results: {', '.join(str(p) for p in written)}")
     return 0
 
 
@@ -508,6 +520,14 @@ def accuracy_target(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an accuracy in (0, 1] (0.975 is 97.5%)")
     return value
+APPLIED_THREADS = ("eval", "predict", "export", "align", "debug-layers", "bench")  # train: train.threads; race, lr-find: their own
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads N on a command that computes (main applies it before the command runs)."""
+    p.add_argument("--threads", type=int_between(1, 1024), help="torch's CPU threads (default: torch's choice)")
+
+
 DIAGNOSTIC_BATCH = int_between(1, 1024)  # align / debug-layers look at one batch: its activations are kept
 
 
@@ -529,6 +549,8 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                                    "image folder instead)")
     t.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
     t.add_argument("--lr", type=positive_float, help="shortcut for --set optim.lr=X")
+    t.add_argument("--threads", type=int_between(1, 1024), help="torch's CPU threads (shortcut for --set "
+                                                                  "train.threads=N; recorded in config.yaml)")
     t.add_argument("--batch-size", "-b", type=int, help="shortcut for --set data.batch_size=N (per process)")
     t.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
     t.add_argument("--resume", metavar="CHECKPOINT|RUN_FOLDER|last|auto",
@@ -567,7 +589,11 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                    help="the split to evaluate, read exactly: a folder's train/, val/ or test/ (default: the run's "
                         "evaluation split, a folder's val/ or else test/)")
     e.add_argument("--ema", action="store_true", help="evaluate the EMA weights")
-    e.add_argument("--format", choices=["text", "json"], default="text", help="output format (json: full precision)")
+    e.add_argument("--format", choices=["text", "json"], default="text",
+                   help="output format (json: full precision and every per-class figure)")
+    e.add_argument("--out", metavar="DIR", help="write per_class.csv, confusion.csv, confusion.png and "
+                                                "per_class.json there")
+    add_threads(e)
     e.set_defaults(func=_cmd_eval)
 
     pr = sub.add_parser("predict", help="top-k classes of image files (or every image in folders)")
@@ -579,6 +605,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     pr.add_argument("--topk", type=positive_int, default=5, help="classes to show per image (default 5)")
     pr.add_argument("--format", choices=["text", "json", "csv"], default="text", help="output format")
     pr.add_argument("images", nargs="+", help="image files or folders")
+    add_threads(pr)
     pr.set_defaults(func=_cmd_predict)
 
     r = sub.add_parser("recipes", help="list shipped recipes or show one")
@@ -615,6 +642,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                     help="the format (default: from OUT's name, which must not name another)")
     ex.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
     ex.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_threads(ex)
     ex.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("convert", help="convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch "
@@ -652,6 +680,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     a.add_argument("--report", metavar="OUT.json", help="write the JSON report")
     a.add_argument("--rows", type=int, default=40, help="table rows to print")
     a.add_argument("--failures-only", action="store_true", help="print only the rows that fail the tolerance")
+    add_threads(a)
     a.set_defaults(func=_cmd_align)
 
     d = sub.add_parser("diff-config", help="compare two recipes/configs/checkpoints side by side")
@@ -672,6 +701,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
                    help="a batch of the evaluation data (default) or random inputs")
     g.add_argument("--eval-mode", action="store_true", help="BN in eval mode")
     g.add_argument("--json", metavar="OUT.json", help="also write the statistics as JSON")
+    add_threads(g)
     g.set_defaults(func=_cmd_debug_layers)
 
     rc = sub.add_parser("race", help="race optimizers on a recipe: time to accuracy", later=_race_arguments)
@@ -684,6 +714,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="training-step and data-pipeline images/s, and which one limits",
                        later=_bench_arguments)
+    add_threads(b)
     b.set_defaults(func=_cmd_bench)
     if complete:
         for parser in sub.choices.values():
@@ -801,6 +832,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args([*(["--debug"] if args.debug else []), "train"])
     func: Callable[[argparse.Namespace], int] = args.func
     try:
+        if args.command in APPLIED_THREADS and args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
         return func(args)
     except TorchboostError as e:
         if args.debug:

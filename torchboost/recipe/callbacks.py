@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from torchboost import dist
 from torchboost.recipe.config import Config
 from torchboost.recipe.diff import flatten
+from torchboost.recipe.final_test import FinalTest
 from torchboost.recipe.kinds import get_kind
 from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeBackbone, History, LossMonitor,
                                         ModelCheckpoint, ProgressBar, TensorBoard, TimeMonitor)
@@ -37,6 +38,8 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
         callbacks.insert(0, FreezeBackbone(t.freeze_backbone_epochs))
     loggers = t.loggers
     callbacks.append(ckpt_cb)
+    if t.test_at_end and cfg.data.dataset != "synthetic" and dist.is_main():  # after the checkpoints, before the loggers
+        callbacks.append(FinalTest(cfg, out, ckpt_cb, log, dist.get_world_size()))
     if "csv" in loggers:
         callbacks.append(History(out))
     if profile is not None:

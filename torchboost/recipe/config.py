@@ -56,6 +56,9 @@ class DataConfig:
     dataset: str = option(DEFAULT_KIND, choices=tuple(list_kinds()),
                           help="data-set kind: an image folder, tar shards or a built-in set")
     path: Optional[str] = option(None, help="the data's folder: train/<class>/ and val/<class>/ (or test/) inside")
+    train_subset: Optional[int] = option(None, ge=1, le=2**31 - 1, help="train on this many images of the training "
+                                         "split, stratified by class (the same number per class on a balanced set), "
+                                         "drawn by a fixed seed that no run's seed changes; unset: all of them")
     image_size: Optional[int] = option(None, ge=1, le=2048, help="side of the square network input; unset: "
                                                                  "native size for small images, 224 for photos")
     channels: Optional[int] = option(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
@@ -195,6 +198,8 @@ class MlflowSection:
 class TrainConfig:
     epochs: int = option(3, ge=1, le=1_000_000, help="passes over the training data")
     seed: int = option(0, ge=0, le=2**32 - 1, help="seed of every random choice (weights, order, augmentation)")
+    threads: Optional[int] = option(None, ge=1, le=1024, help="torch's CPU threads per process (--threads); unset: "
+                                                               "torch's default, recorded as the count that ran")
     device: str = option("auto", help="auto | cpu | cuda | cuda:N (auto: the GPU when there is one)")
     amp_dtype: str = option("none", choices=("none", "auto", "bfloat16", "float16"),
                             help="mixed precision: the forward under torch.autocast in this type; none: float32; "
@@ -228,6 +233,9 @@ class TrainConfig:
     early_stopping_patience: Optional[int] = option(None, ge=1, help="stop after this many evaluations without "
                                                                      "improvement; unset: never")
     restore_best: bool = option(False, help="end with the best epoch's weights (by monitor)")
+    test_at_end: bool = option(True, help="after the last epoch, evaluate the best checkpoint once on the test "
+                                          "split when the data has one beside val (never used for any choice; "
+                                          "else on the validation split), with per-class results in OUTPUT/<split>/")
     nonfinite: str = option("stop", choices=("stop", "skip"), help="a NaN/inf loss: stop at once, or skip the "
                                                                    "update (up to max_nonfinite_steps in a row)")
     max_nonfinite_steps: int = option(10, ge=1, help="nonfinite=skip: stop after this many bad steps in a row")

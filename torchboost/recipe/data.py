@@ -16,7 +16,7 @@ from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceDecode, EvalTran
                              TensorImageDataset, eval_transform, train_transform)
 from torchboost.data.device_decode import nvjpeg
 from torchboost.data.folder import find_classes, sample_folder
-from torchboost.data.holdout import holdout_split
+from torchboost.data.holdout import holdout_split, stratified_subset
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
@@ -251,6 +251,26 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     return ds
 
 
+def has_test_split(cfg: DataConfig) -> bool:
+    """Whether the data holds a test split besides the split a run evaluates each epoch (a folder or shards
+    with val and test): one no choice of the run has seen. An in-memory set evaluates on its test split."""
+    kind = get_kind(cfg.dataset)
+    if not (kind.load is None and kind.needs_path):
+        return False
+    if kind.splits is not None:
+        return {"val", "test"} <= set(kind.splits(cfg))
+    root = Path(cfg.path)
+    return (root / "val").is_dir() and (root / "test").is_dir()
+
+
+def eval_split_name(cfg: DataConfig) -> str:
+    """The name of the split a run evaluates each epoch: a folder's val (else test), a kind's own, else test."""
+    kind = get_kind(cfg.dataset)
+    if kind.load is None and kind.needs_path:
+        return _kind_split(cfg, "test", False) if kind.splits else _split_dir(Path(cfg.path), "test").name
+    return "test"
+
+
 def split_source(cfg: DataConfig, split: str, exact: bool = False) -> str:
     """What `build_dataset(cfg, split, exact=exact)` reads, for people: a folder's split folder, else the data
     set and the split's name."""
@@ -313,7 +333,8 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
     keep their native size; larger ones what the model is built for), the augmentation `auto` stands for,
     and an in-memory set's size, channels and statistics. The evaluation split must have the training
     split's classes. With data.mixup_alpha or cutmix_alpha the training set comes out in mixed batches
-    (`mixed`). `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented),
+    (`mixed`). `data.train_subset`: the training split is that stratified subset of it (a fixed draw).
+    `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented),
     and training uses the rest — a validation split, so a selection never sees the test split. `exact_split`:
     the evaluation set is the split of that name (a folder without it is refused), not the run's val-else-test
     (a confirmation race reads the test split, never val/)."""
@@ -335,8 +356,11 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])
+    if d.train_subset:  # after the statistics too; the same draw for the plain copy (`stratified_subset`)
+        train_ds = stratified_subset(train_ds, d.train_subset)
     if holdout:  # after the statistics (in `d`): the whole training split's, as without a holdout
         plain = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name, augment=False)
+        plain = stratified_subset(plain, d.train_subset) if d.train_subset else plain
         train_ds, eval_ds = holdout_split(train_ds, plain, holdout)
     train_ds = mixed(cfg, d, train_ds)
     if d.random_shift and d.image_size and 2 * d.random_shift >= d.image_size:

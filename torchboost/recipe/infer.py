@@ -15,13 +15,14 @@ from typing import Optional, Sequence
 import torch
 
 from torchboost.boost import resolve_boost, transform_model
-from torchboost.data import build_loader, read_image
+from torchboost.data import build_loader, loader_skipped, read_image
 from torchboost.errors import CheckpointError, ConfigError, DataError
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config
 from torchboost.recipe.data import build_dataset, eval_preprocess, input_norm, load_data, split_source
 from torchboost.fileio import check_regular
 from torchboost.recipe.kinds import FOLDER
+from torchboost.recipe.per_class import folder_files, per_class_report
 from torchboost.recipe.load import load_config
 from torchboost.recipe.resolve import resolve_config, without_top5
 from torchboost.recipe.saved import check_resolved, config_from_file
@@ -29,6 +30,7 @@ from torchboost.recipe.validation import validate
 from torchboost.train.checkpoint import check_torch_zip, is_torch_file, load_checkpoint, load_model_state, saved_classes
 from torchboost.train.metrics import METRIC_NAMES
 from torchboost.train.model import Model
+from torchboost.train.per_class import ClassTally
 
 ONNX_SUFFIX = ".onnx"  # an exported model (`torchboost export`), run through ONNX Runtime
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -115,7 +117,8 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optio
     """Top-1/top-5/loss of the weights on the run's evaluation data, or on an image folder `data_path`
     (read with the run's preprocessing; its classes must be the run's). `split`: "train", "val" or "test",
     read exactly (a folder without it is refused, naming those it has); None: the run's evaluation split
-    (a folder's val/, else test/). The result's "data" says what was read (a folder's split folder)."""
+    (a folder's val/, else test/). The result's "data" says what was read (a folder's split folder), its
+    "per_class" the per-class report (`recipe.per_class`)."""
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     data = cfg.data
     if data_path:
@@ -127,8 +130,11 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optio
     name, exact = split or "test", split is not None
     ds = build_dataset(data, name, cfg.model.num_classes, exact=exact)
     check_classes(ds.classes, saved_classes(ckpt, cfg.model.num_classes, path), cfg.model.num_classes, path)
-    result = model.eval(build_loader(ds, data.eval_batch_size, False, workers=data.workers))
-    return {**result, "data": split_source(data, name, exact)}
+    loader = build_loader(ds, data.eval_batch_size, False, workers=data.workers)
+    tally = ClassTally(cfg.model.num_classes)
+    result = model.eval(loader, tally=tally)
+    report = per_class_report(tally, list(ds.classes), folder_files(ds, loader_skipped(loader)))
+    return {**result, "data": split_source(data, name, exact), "per_class": report}
 
 
 def check_classes(data_classes: list[str], run_classes: Optional[list[str]], num_classes: int, path: str) -> None:

@@ -54,6 +54,7 @@ class RunResult:
     epochs_done: int
     config: Config  # the resolved config the run trained with
     is_main: bool = True
+    final_results: dict = dataclasses.field(default_factory=dict)  # the test split's, after the last epoch
 
 
 def output_dir(cfg: Config, override: Optional[str] = None) -> Path:
@@ -116,13 +117,17 @@ def resumed_from(resume: Optional[str]) -> dist.Described:
 def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], overwrite: bool, log: Log,
            profile: Optional[str]) -> RunResult:
     device = info.device if info.world_size > 1 else resolve_device(cfg.train.device)
+    if cfg.train.threads is not None:
+        torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
     data_cfg, train_ds, eval_ds = load_data(cfg)
     plan = boost_plan(cfg, info.world_size)
     share = train_ds.share(info.world_size) if hasattr(train_ds, "share") else None  # shards: whole shards per rank
     run_cfg, batch_note = fit_batch(resolve_config(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
-    # the folder the run writes, not the template that named it (a template's braces doubled: it stays one)
-    run_cfg = dataclasses.replace(run_cfg, output=str(out).replace("{", "{{").replace("}", "}}"))
+    # the folder the run writes, not the template that named it (a template's braces doubled: it stays one);
+    # the threads that ran (timings depend on them)
+    run_cfg = dataclasses.replace(run_cfg, output=str(out).replace("{", "{{").replace("}", "}}"),
+                                  train=dataclasses.replace(run_cfg.train, threads=torch.get_num_threads()))
     if batch_note:
         log(f"note: {batch_note}")
     if share is not None and share * info.world_size < len(train_ds):
@@ -173,7 +178,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         history = (f", history in {out / 'history.jsonl'} and {out / 'history.png'}"
                    if "csv" in run_cfg.train.loggers else "")  # train.loggers without csv writes none
         log(f"outputs: checkpoints in {out / 'ckpt'}{history}, resolved config in {out / 'config.yaml'}")
-    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main)
+    return RunResult(out, ckpt_cb.last_path, state.eval_results, state.epoch + 1, run_cfg, info.is_main,
+                     state.final_results)
 
 
 def check_classes_unchanged(ckpt: dict, path: str, classes: list[str]) -> None:

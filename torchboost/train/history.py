@@ -95,6 +95,12 @@ class History(Callback):
         if is_main_process():
             self.write()
 
+    def on_train_end(self, state: TrainState) -> None:
+        """The results after training (the test split's, `state.final_results`) join the last epoch's row."""
+        if state.final_results and self.records and is_main_process():
+            self.records[-1].update(state.final_results)
+            self.write()
+
     def write(self) -> None:
         """Rewrite history.jsonl, history.csv and history.png from `records`, each atomically."""
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.records))

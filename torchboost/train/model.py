@@ -18,6 +18,7 @@ from torch import nn
 
 from ..data.sampling import set_epoch
 from ..errors import CheckpointError, ConfigError, TrainingError, printable
+from .per_class import ClassTally
 from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
 from .metrics import METRIC_NAMES, MetricAccumulator
@@ -250,8 +251,9 @@ class Model:
 
     # --- evaluation and prediction --------------------------------------------------------------------
     @torch.no_grad()
-    def eval(self, data: Iterable, use_ema: bool = False) -> dict[str, float]:
-        """Top-1/top-5/loss over every sample of `data` (exact across ranks when `data` is sharded)."""
+    def eval(self, data: Iterable, use_ema: bool = False, tally: Optional[ClassTally] = None) -> dict[str, float]:
+        """Top-1/top-5/loss over every sample of `data` (exact across ranks when `data` is sharded); `tally`
+        also keeps each of this process's samples' prediction (per-class results, `train.per_class`)."""
         if use_ema and self.ema is None:
             raise ConfigError("use_ema=True but this Model has no EMA", "enable train.ema.enabled")
         net = self.ema.module if use_ema else self.compiled
@@ -270,6 +272,8 @@ class Model:
             logits = logits.float()
             per_sample = _per_sample_loss(loss_fn, logits, y)
             acc.update(logits, y, per_sample.sum())
+            if tally is not None:
+                tally.update(logits, y)
         net.train(was_training)
         return acc.compute()
 

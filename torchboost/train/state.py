@@ -31,6 +31,7 @@ class TrainState:
     step_time: float = 0.0  # host seconds for the whole last update, data wait included
     clock: Any = None  # the epoch's StepClock: device time per update (CUDA events), read at log time
     eval_results: dict = field(default_factory=dict)
+    final_results: dict = field(default_factory=dict)  # after the last epoch (the test split's): history, tracking
     epoch_loss_sum: Any = 0.0  # tensor sum over the epoch; synced only at epoch end
     epoch_samples: Any = 0  # counted in the sums; a device tensor under deferred checks
     epoch_correct: Any = 0

@@ -236,6 +236,11 @@ class MLflowLogger(Callback):
             return
         files = [(Path(p), folder) for p, folder in (self.artifacts() if self.artifacts else []) if p is not None]
         files = [(p, folder) for p, folder in files if p.is_file()]
+        final = {k: v for k, v in state.final_results.items() if isinstance(v, (int, float))}
+        if final:  # the test split's results, at the last epoch's step
+            names, now = safe_keys(final), int(time.time() * 1000)
+            self._call("log the final results", self._client.log_batch, self.run_id,
+                       metrics=[self._metric(names[k], float(v), now, state.epoch + 1) for k, v in final.items()])
         if files and self._artifacts_allowed(state):
             for path, folder in files:
                 self._call(f"log artifact {path.name}", self._client.log_artifact, self.run_id, str(path), folder)
