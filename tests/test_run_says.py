@@ -116,3 +116,21 @@ def test_predict_refuses_torch_exports_as_the_guide_says(tmp_path, capsys, suffi
     assert "\n" not in err and "eval and predict do not run" in err and loader in err and "compressed" not in err
     guide = (Path(__file__).parents[1] / "docs" / "guide" / "around-training.md").read_text()
     assert "It refuses `.pt2` and\n`.ts` exports" in guide and loader in guide
+
+
+@pytest.mark.parametrize("model, images, advice", [
+    ("resnet20", 100, "race on more data"),  # 10 batches would be under 16 images: never -b 8 for BatchNorm
+    ("resnet20", 200, "-b 16"),
+    ("resnet20", 2000, "-b 32"),
+    ("mnist_cnn", 200, "-b 4"),  # no BatchNorm: a small batch is fine
+])
+def test_a_race_suggests_only_batches_its_network_can_take(model, images, advice):
+    from torchboost.recipe.load import load_config
+    from torchboost.recipe.race import race_setup
+
+    cfg = load_config("mnist-lenet", [f"model.name={model}", "data.batch_size=256"])
+    _, lines = race_setup("mnist-lenet", cfg, images, 2)
+    warning = next(line for line in lines if line.startswith("warning:"))
+    assert advice in warning
+    if model == "resnet20":
+        assert all(f"-b {b} " not in warning for b in (2, 4, 8))

@@ -74,20 +74,30 @@ def race_setup(recipe: str, cfg: Config, images: int, epochs: int) -> tuple[Conf
                  f"updates/epoch, {epochs} epochs")
     if updates < MIN_UPDATES:
         lines.append(f"warning: {updates} updates per epoch are too few for a meaningful ranking; "
-                     + _more_updates(images))
+                     + _more_updates(images, MIN_BN_BATCH if has_batchnorm(cfg.model.name) else 2))
     return cfg, lines
 
 
-def _more_updates(images: int) -> str:
-    """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two), or more images."""
+MIN_BN_BATCH = 16  # below it a BatchNorm network's batch statistics are noise: never advised for one
+
+
+def has_batchnorm(model: str) -> bool:
+    """Whether the zoo network `model` normalises with BatchNorm (every network but the MNIST CNN)."""
+    return model != "mnist_cnn"
+
+
+def _more_updates(images: int, smallest: int = 2) -> str:
+    """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two, at least `smallest`:
+    MIN_BN_BATCH for a BatchNorm network), or more images."""
     def power_of_two(n: int) -> int:
         return 1 << (max(n, 1).bit_length() - 1)
 
     batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
-    if batch < 2:
+    if batch < smallest:
         batch = power_of_two(images // MIN_UPDATES)
-    if batch < 2:  # BatchNorm needs 2 images a batch
-        return f"{images} training images are too few for any batch: race on more data"
+    if batch < smallest:
+        return (f"{images} training images are too few for {MIN_UPDATES} batches of {smallest} or more"
+                + (" (BatchNorm needs them)" if smallest > 2 else "") + ": race on more data")
     return f"use a smaller batch, e.g. -b {batch} ({images // batch} updates/epoch)"
 
 
