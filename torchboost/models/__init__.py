@@ -1,5 +1,5 @@
-"""Model zoo: ResNet v1.5 family (torchvision layout), CIFAR-style ResNet-20/32/44/56 and the PaddlePaddle
-MNIST CNN."""
+"""Model zoo: ResNet v1.5 family, MobileNetV3, EfficientNet-B0, ConvNeXt-Tiny and RegNet (torchvision's
+layouts), CIFAR-style ResNet-20/32/44/56 and the PaddlePaddle MNIST CNN."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ from torch import nn
 
 from torchboost.errors import ConfigError
 from torchboost.models.cifar_resnet import CIFAR_ARCHS, CifarResNet, cifar_resnet
+from torchboost.models.convnext import ARCHS as CONVNEXT, ConvNeXt
+from torchboost.models.efficientnet import ARCHS as EFFICIENTNET, EfficientNet
 from torchboost.models.lenet import MnistCNN
+from torchboost.models.mobilenetv3 import ARCHS as MOBILENET, MobileNetV3
+from torchboost.models.regnet import ARCHS as REGNET, RegNet
 from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resnet
 
+# torchvision-layout networks built by name: class per family (their only options: classes and channels)
+TORCHVISION = {**{n: MobileNetV3 for n in MOBILENET}, **{n: EfficientNet for n in EFFICIENTNET},
+               **{n: ConvNeXt for n in CONVNEXT}, **{n: RegNet for n in REGNET}}
+
 __all__ = ["create_model", "list_models", "training_bytes", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
-           "CifarResNet"]
+           "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
 
 
 def list_models() -> list[str]:
     """Names accepted by `create_model`."""
-    return [*ARCHS, *CIFAR_ARCHS, "mnist_cnn"]
+    return [*ARCHS, *CIFAR_ARCHS, *TORCHVISION, "mnist_cnn"]
 
 
 def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) -> nn.Module:
@@ -30,6 +38,8 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
         allowed = {"zero_init_last_bn", "init", "small_input", "padding"}
     elif name == "mnist_cnn":
         allowed = {"image_size", "init"}
+    elif name in TORCHVISION:
+        allowed = set()
     else:
         raise ConfigError(f"unknown model {name!r}", f"use one of {', '.join(list_models())}")
     unknown = sorted(set(kw) - allowed)
@@ -40,6 +50,8 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
         return MnistCNN(num_classes, in_chans, **kw)
     if name in CIFAR_ARCHS:
         return cifar_resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
+    if name in TORCHVISION:
+        return TORCHVISION[name](name, num_classes=num_classes, in_chans=in_chans)
     return resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
 
 

@@ -127,12 +127,13 @@ def _check_tensor_set(cfg: DataConfig, ds: TensorImageDataset) -> None:
 
 
 def resolve_augment(cfg: DataConfig, model_name: str) -> str:
-    """What `data.augment: auto` stands for: ImageNet's crops suit photos for ResNets, not 28-px digits for
-    the MNIST CNN; otherwise shifts when random_shift > 0, else none. The one rule, for every caller."""
+    """What `data.augment: auto` stands for: ImageNet's crops suit photos for the ImageNet-style networks (every
+    one but the MNIST CNN), not 28-px digits; otherwise shifts when random_shift > 0, else none. The one rule,
+    for every caller."""
     if cfg.augment != "auto":
         return cfg.augment
     small = cfg.image_size is not None and cfg.image_size <= SMALL_IMAGE
-    if get_kind(cfg.dataset).photos and model_name.startswith("resnet") and not small:
+    if get_kind(cfg.dataset).photos and model_name != "mnist_cnn" and not small:
         return "imagenet"
     return "shift" if cfg.random_shift else "none"
 
@@ -315,7 +316,7 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
     if d.augment == "auto" and kind.photos and kind.shift and not d.random_shift and d.image_size <= SMALL_IMAGE \
-            and cfg.model.name.startswith("resnet"):
+            and cfg.model.name != "mnist_cnn":
         d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
     augment = resolve_augment(d, cfg.model.name)
     # a shift `auto` did not choose (a recipe's for digits, on a photo folder) is recorded as none: a resumed
