@@ -66,7 +66,7 @@ def batch_rng(indices: Sequence[int]) -> np.random.Generator:
 
 def shuffle_seed(seed: int, epoch: int) -> int:
     """The permutation seed of (seed, epoch): a SeedSequence of both, so seed s's epoch e never shuffles like
-    seed s+1's epoch e-1 (as seed + epoch did: runs with neighbouring seeds saw the same batch orders)."""
+    seed s+1's epoch e-1 (a sum of the two would give runs with neighbouring seeds the same batch orders)."""
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> 1)
 
 

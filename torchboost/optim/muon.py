@@ -116,7 +116,7 @@ def muon_split(model: nn.Module, input_layer: str = "adamw") -> tuple[list[Tenso
     Muon for >= 2-D hidden weights; AdamW for embeddings, the first Conv2d/Linear (input layer), the last
     Linear (classifier head) with weight decay, and every < 2-D parameter (biases, norms) without.
     `input_layer="muon"` gives a first Conv2d to Muon too: on shallow CNNs it is a large share of the
-    filters (the MNIST CNN reached 97.5% in 10 epochs instead of 14, BENCHMARKS.md)."""
+    filters (its measured effect on the MNIST CNN is in BENCHMARKS.md)."""
     if input_layer not in ("adamw", "muon"):
         raise ConfigError(f"input_layer must be 'adamw' or 'muon', got {input_layer!r}", "pick one of the two")
     layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]

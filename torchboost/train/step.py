@@ -116,7 +116,7 @@ class TrainStep:
     its keyword arguments: `TrainStep(net, loss, opt, clip_global_norm=1.0)`)."""
 
     # On the CPU a host read waits for nothing, and undoing an update costs a copy of the weights and the
-    # optimizer state (+4% a step on the MNIST CNN, benchmarks/overhead.py): it is done on accelerators only,
+    # optimizer state (measured by benchmarks/overhead.py, BENCHMARKS.md): it is done on accelerators only,
     # unless this says otherwise (the tests check the device path on the CPU with it)
     undo_on_cpu: bool = False
 

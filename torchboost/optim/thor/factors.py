@@ -79,8 +79,8 @@ def scaled_half_gram(x: Tensor) -> Tensor:
     """`gram` through fp16 inputs: rows scaled to max |x| = 1 (fp16's range cannot underflow a feature's own
     scale), multiplied with an fp32 result (`bmm(..., out_dtype)` on CUDA; elsewhere emulated in fp32, which
     is how the tests check the scaling)."""
-    # One read of x for the scale and one read + fp16 write for the scaled copy: no fp32 temporaries, which
-    # were a fifth of a refresh's kernel time on a GPU.
+    # One read of x for the scale and one read + fp16 write for the scaled copy: no fp32 temporaries (they
+    # cost a refresh kernel time on a GPU: BENCHMARKS.md).
     scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=2, keepdim=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     h = torch.mul(x, scale.reciprocal(), out=torch.empty(x.shape, dtype=torch.half, device=x.device))

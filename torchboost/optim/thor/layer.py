@@ -15,8 +15,8 @@ from torchboost.optim.thor.eigen import EigenState, block_eigh
 from torchboost.optim.thor.factors import LayerCapture, factor_dtype
 from torchboost.optim.thor.inverse import Factor, block_shape, block_size, precondition
 
-# Saved by state_dict; everything else is rebuilt from the model. A state saved before THOR's options were pruned
-# also holds trace_ref, next_factor, interval_mult and skipped (the refresh skipping's bookkeeping): ignored.
+# Saved by state_dict; everything else is rebuilt from the model. Other keys in a saved state are ignored, so a
+# state with keys of options since removed (ThorOptions.REMOVED) still loads.
 _STATE_KEYS = ("A", "G", "T", "A_inv", "G_inv", "next_inverse", "refreshes")
 
 
