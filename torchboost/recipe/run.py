@@ -147,7 +147,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         check_same_world(ckpt, resume, run_cfg, info.world_size)
         check_classes_unchanged(ckpt, resume, list(train_ds.classes))
         check_epochs_left(ckpt, resume, run_cfg.train.epochs)
-    with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix):
+    with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix), compiler_cache():
         before, previous = snapshot(out), read_manifest(out) if resume else {}
         net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
@@ -167,10 +167,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         if info.is_main:
             write_config(out, dump_config(run_cfg))
         log(describe_run(run_cfg, train_ds, eval_ds, device, info.world_size, steps_per_epoch, lr))
-        with compiler_cache(run_cfg.train.compile != "none"):
-            state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
-                                eval_every=run_cfg.train.eval_every, log_fn=log,
-                                eval_name=split_source(run_cfg.data, "test"))
+        state = model.train(run_cfg.train.epochs, train_loader, callbacks=callbacks, eval_data=eval_loader,
+                            eval_every=run_cfg.train.eval_every, log_fn=log, eval_name=split_source(run_cfg.data, "test"))
     skipped = loader_skipped(train_loader) + loader_skipped(eval_loader)
     if skipped:
         log(f"skipped {skipped} corrupt image(s) (data.skip_corrupt=true); each was named in a note")
@@ -333,10 +331,11 @@ COMPILER_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "t
 
 
 @contextlib.contextmanager
-def compiler_cache(compiling: bool) -> Iterator[None]:
-    """While a compiled run trains, torch.compile's caches go under the run (`fileio.cache_dir`), not $TMPDIR
-    (the user's own variables win); the environment is put back after."""
-    set_here = [k for k in COMPILER_CACHES if compiling and k not in os.environ and cache_dir(k) is not None]
+def compiler_cache() -> Iterator[None]:
+    """While a run trains, the compiler's caches (torch.compile's, and the fused optimizers' CPU kernels) go
+    under the run (`fileio.cache_dir`), not $TMPDIR (the user's own variables win); the environment is put
+    back after."""
+    set_here = [k for k in COMPILER_CACHES if k not in os.environ and cache_dir(k) is not None]
     for key in set_here:
         os.environ[key] = str(cache_dir(COMPILER_CACHES[key]))
     try:
