@@ -137,11 +137,10 @@ def test_confirmation_must_use_fresh_seeds_and_the_same_task(tmp_path):
     with pytest.raises(ConfigError, match="--first-seed 3"):
         check_fresh_seeds(data, "r.json", range(2, 7))
     check_fresh_seeds(data, "r.json", range(3, 8))
-    check_same_task(data, "r.json", "r", [], (0.9, 0.95))
-    for recipe, overrides, targets, what in (("other", [], (0.9, 0.95), "recipe"), ("r", ["a=1"], (0.9, 0.95), "overrides"),
-                                             ("r", [], (0.9,), "targets")):
+    check_same_task(data, "r.json", "r", [])
+    for recipe, overrides, what in (("other", [], "recipe"), ("r", ["a=1"], "overrides")):
         with pytest.raises(ConfigError, match=f"selected on {what}"):
-            check_same_task(data, "r.json", recipe, overrides, targets)
+            check_same_task(data, "r.json", recipe, overrides)
 
 
 def test_pooling_needs_every_racer_in_every_file_and_counts_a_run_once(tmp_path):
@@ -184,15 +183,20 @@ def test_select_then_confirm_end_to_end(tmp_path, capsys):
     data = json.loads((sel / "race.json").read_text())
     assert data["settings"]["holdout"] == 300
     picks = {s.optimizer: s for s in selections(data, "sel")}
-    assert main([*common, "--frozen", str(sel / "race.json"), "-o", str(conf)]) == 2
+    fixed = data["settings"]["fixed_targets"]["targets"]  # the confirmation races these, not the selection's
+    confirm = [t for t in common if t not in ("--targets", "0.3", "0.6")]
+    assert main([*confirm, "--frozen", str(sel / "race.json"), "-o", str(conf)]) == 2
     assert "confirm on fresh seeds: --first-seed 2" in capsys.readouterr().err
-    assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--full-budget", "-o", str(conf)]) == 0
+    assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "-o", str(conf)]) == 2
+    assert "drop --targets" in capsys.readouterr().err
+    assert main([*confirm, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--full-budget", "-o", str(conf)]) == 0
     out = capsys.readouterr().out
     assert "(1437 training images)" in out and "final top-1" in out
     runs = json.loads((conf / "race.json").read_text())["runs"]
     assert {(r["optimizer"], r["lr"]) for r in runs} == {(picks[o].racer, picks[o].lr) for o in ("sgd", "muon")}
     assert {r["seed"] for r in runs} == {2, 3}
-    assert main([*common, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--lr", "sgd=0.1"]) == 2
+    assert json.loads((conf / "race.json").read_text())["settings"]["targets"] == fixed
+    assert main([*confirm, "--frozen", str(sel / "race.json"), "--first-seed", "2", "--lr", "sgd=0.1"]) == 2
     assert "--frozen races the optimizers" in capsys.readouterr().err
 
 

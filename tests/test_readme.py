@@ -62,7 +62,7 @@ def run_example(epochs: int, seed: int) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_python_example_reaches_the_documented_accuracy(seed, tmp_path, monkeypatch):
-    assert "(≥ 97% test top-1 after 15 epochs)" in README.read_text()
+    assert "(≥ 97% test top-1 after 15 epochs;" in README.read_text()
     monkeypatch.chdir(tmp_path)
     assert run_example(15, seed) >= 0.97
 

@@ -230,7 +230,7 @@ def _tiny_source(kind: str, root: Path) -> Path:
 
     ds = load_builtin(next(iter(BUILTIN_SETS)), "test")
     images, labels = ds.images[:20, 0].numpy(), ds.labels[:20].numpy()
-    if kind == "mnist_idx":
+    if kind in ("mnist_idx", "fashion_mnist"):  # one format, MNIST's IDX files
         for split, prefix in (("train", "train"), ("test", "t10k")):
             (root / f"{prefix}-images-idx3-ubyte").write_bytes(
                 bytes([0, 0, 8, 3]) + np.array(images.shape, ">i4").tobytes() + images.tobytes())

@@ -311,7 +311,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .optim.registry import OPTIMIZERS
     from .recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, racer_base, run_race, variant_racer
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
-    from .recipe.race_select import check_fresh_seeds, check_same_task, frozen_racers, read_race, selections
+    from .recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
+    from .recipe.race_select import (check_fresh_seeds, check_same_task, confirmation_targets, fixed_targets,
+                                     fixed_targets_line, frozen_racers, read_race, selections)
     from .train.device import device_name
 
     if args.report:
@@ -320,6 +322,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
     if args.frozen and (args.optimizers or args.lr or args.budget or args.lr_find or args.holdout):
         raise ConfigError("--frozen races the optimizers, lrs and budgets its selection chose, on the test split",
                           "drop --optimizers, --lr, --budget, --lr-find and --holdout (or select again)")
+    if args.ledger and args.holdout:
+        raise ConfigError("--ledger records races on the test split; --holdout never reads it",
+                          "drop --ledger when selecting")
     optimizers = args.optimizers or default_racers()
     for name in optimizers:  # before any data is read (a variant's options are checked once the config is)
         if racer_base(name) not in OPTIMIZERS:
@@ -338,16 +343,22 @@ def _cmd_race(args: argparse.Namespace) -> int:
     targets = tuple(args.targets or DEFAULT_RACE_TARGETS)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     chosen = None
+    ledger = Path(args.ledger) if args.ledger else default_ledger(args.frozen) if args.frozen else None
     if args.frozen:  # before any data is read: a wrong selection file is a one-line error at once
         selection = read_race(Path(args.frozen))
-        check_same_task(selection, args.frozen, args.config, overrides, targets)
+        check_same_task(selection, args.frozen, args.config, overrides)
+        targets = confirmation_targets(selection, args.frozen, args.targets)
         check_fresh_seeds(selection, args.frozen, seeds)
         chosen = selections(selection, args.frozen)
-    # a confirmation reads the test split itself (refused when missing), never a folder's val/
+    if ledger is not None:  # checked again, and written, when the test split is about to be read
+        check_ledger(read_ledger(ledger), ledger, args.config, overrides,
+                     [(s.racer, s.lr) for s in chosen or ()], seeds)
+    # a confirmation, and any race the ledger records, reads the test split itself (refused when missing), never a
+    # folder's val/
     cfg, train_ds, eval_ds = load_resolved(built=built, holdout=args.holdout,
-                                           exact_split="test" if args.frozen else None)  # the recipe read once
+                                           exact_split="test" if ledger else None)  # the recipe read once
     evaluated = (f"{args.holdout} training samples held out of {split_source(cfg.data, 'train')}" if args.holdout
-                 else split_source(cfg.data, "test", exact=bool(args.frozen)))
+                 else split_source(cfg.data, "test", exact=ledger is not None))
     cfg, lines = race_setup(args.config, cfg, len(train_ds), args.epochs or cfg.train.epochs)
     lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images")
     if args.holdout:
@@ -373,9 +384,13 @@ def _cmd_race(args: argparse.Namespace) -> int:
             "epochs": args.epochs or cfg.train.epochs, "time_budget_s": args.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
             "holdout": args.holdout, "frozen": args.frozen, "full_budget": args.full_budget,
-            "evaluated_on": evaluated, "evaluation_images": len(eval_ds)}
+            "evaluated_on": evaluated, "evaluation_images": len(eval_ds), "ledger": str(ledger) if ledger else None}
     out = Path(args.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
+    if ledger is not None:  # every (configuration, seed) about to be evaluated on the test split, before it is
+        record(ledger, args.config, overrides, [(r.name, lr) for r in racers for lr in r.lrs], seeds,
+               str(out / "race.json"), [(s.racer, s.lr) for s in chosen] if chosen is not None else None)
+        print(f"test-split ledger: {ledger}")
 
     def save(lanes: list) -> tuple[Path, Path]:
         return write_results(lanes, summarize(lanes, targets), meta, out)
@@ -388,6 +403,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
     for racer in racers:
         if is_thor(racer.name) and len(racers) > 1:
             print(headline(summary, racer.name))
+    if args.holdout:  # the selection ends: the confirmation's targets are fixed now, in its race.json
+        meta["fixed_targets"] = fixed_targets(summary)
+        print(fixed_targets_line(meta["fixed_targets"]))
     json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
     if args.trace:
@@ -404,10 +422,15 @@ def _race_report(args: argparse.Namespace) -> int:
     """`race --report FILE...`: the table of saved races, pooled (`recipe.race_select.pooled_lanes`), without
     training; with --output also the pooled race.json and race.png."""
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
-    from .recipe.race_select import pooled_lanes, pooled_settings, read_race
+    from .recipe.race_select import (fixed_targets, fixed_targets_line, pooled_lanes, pooled_settings, raced_targets,
+                                     read_race)
 
     lanes = pooled_lanes([Path(p) for p in args.report])
     settings = read_race(Path(args.report[0]))["settings"]
+    if settings.get("holdout"):  # pooled selections: the confirmation's targets from every pooled run
+        pooled = summarize(lanes, raced_targets(settings, args.report[0]))
+        settings = {**settings, "fixed_targets": fixed_targets(pooled)}
+        print(fixed_targets_line(settings["fixed_targets"]))
     targets = tuple(args.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
     summary = summarize(lanes, targets)
     print(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
@@ -766,7 +789,8 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=accuracy_target, help="validation top-1 targets (default 0.975 0.98; with "
-                                                              "--report: the saved race's)")
+                                                              "--report: the saved race's; with --frozen: the ones "
+                                                              "its selection fixed)")
     rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds FIRST..FIRST+N-1 (each racer the "
                                                                         "same inits and batch orders)")
     rc.add_argument("--first-seed", type=int_between(0, 2**31 - 1), default=0,
@@ -791,6 +815,10 @@ def _race_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--frozen", metavar="RACE_JSON",
                     help="race each optimizer at the lr and budget a --holdout race chose (its race.json), on the test "
                          "split and fresh seeds (--first-seed past the selection's)")
+    rc.add_argument("--ledger", metavar="FILE",
+                    help="the test-split ledger: every (configuration, seed) a race evaluates on the test split, per "
+                         "task; a seed already there, or a configuration outside the task's first confirmed selection, "
+                         "is refused (default with --frozen: test-ledger.json beside the selection)")
     rc.add_argument("--report", nargs="+", metavar="RACE_JSON",
                     help="only report saved races, pooled (each must have raced the same racers; a repeated run "
                          "counts once); with --output also their pooled race.json and race.png")

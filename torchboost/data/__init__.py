@@ -1,4 +1,5 @@
-"""Data sets (built-in, image folders, MNIST files, synthetic), transforms, sharded sampling and loaders.
+"""Data sets (built-in, image folders, MNIST and Fashion-MNIST files, synthetic), transforms, sharded sampling
+and loaders.
 
 WebDataset shards (`shards`, `shardfiles`, `shardoffsets`, `braces`) and the exporters (`export`) are imported
 when first used (`_EXPORTS` names what comes from them): a run on a built-in set or a folder never loads them.
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchboost.data.augment import Policy, RandomErasing
 from torchboost.data.builtin import load_builtin
 from torchboost.data.device_decode import DeviceBatch, DeviceDecode
+from torchboost.data.fashion_mnist import load_fashion_mnist
 from torchboost.data.folder import ImageFolder, drop_missing_collate, loader_skipped, read_image, sample_folder
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.data.mnist import load_mnist_idx, load_paddle_json, read_idx
@@ -32,8 +34,8 @@ _EXPORTS = {"export_folder": "torchboost.data.export", "export_shards": "torchbo
 
 __all__ = [
     "build_loader", "read_image", "load_builtin", *_EXPORTS, "set_epoch", "ImageFolder", "sample_folder",
-    "loader_skipped", "read_idx", "load_mnist_idx", "load_paddle_json", "SampleIndex", "ShardSampler",
-    "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
+    "loader_skipped", "read_idx", "load_mnist_idx", "load_fashion_mnist", "load_paddle_json", "SampleIndex",
+    "ShardSampler", "sample_rng", "SyntheticImages", "TensorImageDataset", "passthrough_collate", "ImageTransform",
     "TrainTransform", "EvalTransform", "FlipTransform", "ShiftTransform", "AUGMENTS", "train_transform",
     "eval_transform", "normalize_batch", "IMAGENET_MEAN", "IMAGENET_STD", "Policy", "RandomErasing", "Mixup",
     "MixedBatches", "DeviceDecode", "DeviceBatch",

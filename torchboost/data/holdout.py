@@ -1,4 +1,5 @@
-"""A validation split carved from the training set: what a race selects on, so the test split stays unseen.
+"""A validation split carved from the training set (what a race selects on, so the test split stays unseen), and a
+stratified subset of it (`data.train_subset`: a smaller task drawn from a large set, the same images for every run).
 
 torch's `Subset` would hand the wrapped set plain ints, and a `SampleIndex` (the sampler's index that carries the
 seed and epoch of the sample's augmentation stream) would lose its stream: `IndexSubset` maps the index and
@@ -26,6 +27,8 @@ class IndexSubset(Dataset):
         self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
         self.classes = getattr(dataset, "classes", None)
         self.batched = getattr(dataset, "batched", False)
+        labels = labels_of(dataset)  # kept, so a holdout carved from a subset is stratified too
+        self.labels = None if labels is None else labels[self.indices]
 
     def _map(self, i: int) -> int:
         j = int(self.indices[int(i)])
@@ -55,6 +58,16 @@ def labels_of(dataset: Dataset) -> np.ndarray | None:
     return None
 
 
+def _draw(dataset: Dataset, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (the rest, `count` drawn) indices of `dataset`: stratified by class where the labels are known (each
+    class its share, `builtin.stratified_split`), else uniformly; from `seed` alone."""
+    labels = labels_of(dataset)
+    if labels is not None and len(labels) == len(dataset):
+        return stratified_split(labels, count, seed)
+    order = np.random.default_rng(seed).permutation(len(dataset))
+    return np.sort(order[count:]), np.sort(order[:count])
+
+
 def holdout_split(train: Dataset, plain: Dataset, count: int, seed: int = 0) -> tuple[IndexSubset, IndexSubset]:
     """(training part of `train`, validation part of `plain`): `count` samples held out, stratified by class
     where the labels are known (as the built-in sets' test splits are), else drawn uniformly. `plain` is the
@@ -66,10 +79,16 @@ def holdout_split(train: Dataset, plain: Dataset, count: int, seed: int = 0) -> 
     if not 0 < count < n:
         raise ConfigError(f"a holdout of {count} samples from a training set of {n}",
                           f"hold out between 1 and {n - 1} samples (e.g. {max(1, n // 5)})")
-    labels = labels_of(train)
-    if labels is not None and len(labels) == n:
-        keep, held = stratified_split(labels, count, seed)
-    else:
-        order = np.random.default_rng(seed).permutation(n)
-        keep, held = np.sort(order[count:]), np.sort(order[:count])
+    keep, held = _draw(train, count, seed)
     return IndexSubset(train, keep), IndexSubset(plain, held)
+
+
+def stratified_subset(dataset: Dataset, count: int, seed: int = 0) -> IndexSubset:
+    """`count` samples of `dataset`, stratified by class where the labels are known (the same number per class on a
+    balanced set such as Fashion-MNIST's 6,000 a class), else drawn uniformly. The draw depends on `seed` only, never
+    on a run's or a race's seed: every run on the subset trains on the same images, and the augmented and plain
+    copies of one training split give the same subset."""
+    if not 0 < count <= len(dataset):
+        raise ConfigError(f"data.train_subset={count} but the training split holds {len(dataset)} samples",
+                          f"use at most {len(dataset)} (or leave data.train_subset unset for all of them)")
+    return IndexSubset(dataset, _draw(dataset, count, seed)[1])

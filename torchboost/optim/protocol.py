@@ -9,6 +9,11 @@
   tensors (`train.undo`: the skip policy and overflow checks without a host read).
 - `compile_own_step(mode)` / `eager_forward()`: an optimizer that compiles part of its own step (THOR: the
   update between refreshes) and needs the forward eager on some updates (THOR's refreshes capture statistics).
+- `swaps_weights`, `train_weights()` / `eval_weights()`: the step moves other parameters than the weights to
+  evaluate and save (schedule-free optimizers evaluate an average of their iterates). The trainer calls
+  `eval_weights()` before every evaluation and checkpoint, then recomputes BatchNorm's running statistics at those
+  weights (they were gathered at the training ones; `train.eval_weights`), and `train_weights()` before the next
+  update. The mode travels in `state_dict()`, so a checkpoint resumes in the mode it was saved in.
 - `attach_grad_scaler(scaler)`: the trainer tells the optimizer the `torch.amp.GradScaler` that scales the
   backward pass (THOR divides its G factors by the live scale); called once, with None when there is none.
 - per-group lr scale: a param group's `"lr_scale"` (default 1) multiplies the schedule's lr for that group
@@ -39,6 +44,16 @@ class TrainerProtocol:
     # whether TrainStep may undo an applied step on the device by restoring the parameters and the tensors of
     # state_dict(): not for optimizers with state elsewhere (THOR's factors and refresh counters, DimReduce's)
     maskable: ClassVar[bool] = True
+    # whether the parameters the step moves differ from the weights to evaluate (train_weights / eval_weights swap
+    # them): the trainer then recomputes BatchNorm's statistics at the evaluated weights
+    swaps_weights: ClassVar[bool] = False
+
+    def train_weights(self) -> None:
+        """Put the weights the step moves in the parameters (schedule-free: y); a no-op when they are there."""
+
+    def eval_weights(self) -> None:
+        """Put the weights to evaluate and save in the parameters (schedule-free: the average x); a no-op when
+        they are there."""
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Called by the trainer with the GradScaler of the backward pass (None: unscaled)."""

@@ -14,6 +14,7 @@ Adding one: write its module, add one `register(...)` line.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -57,6 +58,7 @@ class OptimizerEntry:
     check: Callable[[Any], None] | None = None  # checks of an options instance beyond its per-field rules
     weight_decay_groups: bool = False  # honours optim.weight_decay_groups (per-layer patterns)
     decay_bn_and_bias: bool = False  # honours optim.decay_bn_and_bias (else 1-D parameters are never decayed)
+    package: str | None = None  # the optional package it is built from (the `optimizers` extra installs it)
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {}
@@ -94,9 +96,20 @@ def get_optimizer(name: str) -> OptimizerEntry:
     return OPTIMIZERS[name]
 
 
+OPTIONAL_EXTRA = "pip install 'torchboost[optimizers]'"
+
+
+def check_installed(entry: OptimizerEntry) -> None:
+    """An entry built from an optional package that is not installed: one line saying which and how to get it."""
+    if entry.package is not None and importlib.util.find_spec(entry.package) is None:
+        raise ConfigError(f"optimizer {entry.name} needs the package {entry.package}, which is not installed",
+                          OPTIONAL_EXTRA)
+
+
 def build_optimizer(name: str, model: nn.Module, args: OptimizerArgs) -> torch.optim.Optimizer:
     """The registered optimizer `name` for `model`; unset momentum/nesterov/options take the entry's defaults."""
     entry = get_optimizer(name)
+    check_installed(entry)
     args = dataclasses.replace(
         args, momentum=entry.momentum if args.momentum is None else args.momentum,
         nesterov=entry.nesterov if args.nesterov is None else args.nesterov,
@@ -153,6 +166,25 @@ def _thor_normuon(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     return _thor_muon(model, a, NORMUON_ROW_BETA)
 
 
+# optional packages' optimizers: their modules import the package, so they are imported only when one is built
+def _sgd_schedulefree(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    from torchboost.optim.schedule_free import ScheduleFreeSGD
+
+    return ScheduleFreeSGD(_groups(model, a), lr=a.lr, momentum=a.momentum)
+
+
+def _adamw_schedulefree(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    from torchboost.optim.schedule_free import ScheduleFreeAdamW
+
+    return ScheduleFreeAdamW(_groups(model, a), lr=a.lr)
+
+
+def _soap(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    from torchboost.optim.soap import SOAP
+
+    return SOAP(_groups(model, a), lr=a.lr)
+
+
 THOR_OPTIONS = dict(options=ThorOptions, options_key="thor")
 
 register(OptimizerEntry("sgd", "momentum SGD (fused kernel); per-layer weight decay groups", _sgd, momentum=0.9,
@@ -173,3 +205,13 @@ register(OptimizerEntry("thor_muon", "Muon on THOR-preconditioned gradients (opt
                         momentum=0.95, nesterov=True, **THOR_OPTIONS))
 register(OptimizerEntry("thor_normuon", "NorMuon on THOR-preconditioned gradients (options: optim.thor)",
                         _thor_normuon, momentum=0.95, nesterov=True, **THOR_OPTIONS))
+register(OptimizerEntry("sgd_schedulefree", "schedule-free SGD (Defazio et al. 2024; package schedulefree): no lr decay, "
+                        "evaluates the average of its iterates (BatchNorm statistics recomputed there)",
+                        _sgd_schedulefree, momentum=0.9, weight_decay_groups=True, decay_bn_and_bias=True,
+                        package="schedulefree"))
+register(OptimizerEntry("adamw_schedulefree", "schedule-free AdamW (Defazio et al. 2024; package schedulefree): no lr "
+                        "decay, evaluates the average of its iterates (BatchNorm statistics recomputed there)",
+                        _adamw_schedulefree, weight_decay_groups=True, decay_bn_and_bias=True, package="schedulefree"))
+register(OptimizerEntry("soap", "SOAP (Vyas et al. 2024; package heavyball): Adam in the eigenbasis of Shampoo's "
+                        "Kronecker-factored preconditioner", _soap, weight_decay_groups=True, decay_bn_and_bias=True,
+                        package="heavyball"))

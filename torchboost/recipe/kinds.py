@@ -19,8 +19,9 @@ from typing import Callable
 
 from torch.utils.data import Dataset
 
-from torchboost.data import load_builtin, load_mnist_idx, load_paddle_json
+from torchboost.data import load_builtin, load_fashion_mnist, load_mnist_idx, load_paddle_json
 from torchboost.data.builtin import BUILTIN_SETS
+from torchboost.data.fashion_mnist import DEBIAN_PATH
 from torchboost.data.folder import FolderSample
 from torchboost.data.transforms import AUGMENTS
 from torchboost.errors import ConfigError, suggest
@@ -107,6 +108,9 @@ register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) a
                   sample=lambda cfg: _shard_index(cfg).sample, splits=lambda cfg: list(_shard_index(cfg).splits)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
                   lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
+register(DataKind("fashion_mnist", "Fashion-MNIST's IDX files (MNIST's names: train-images-idx3-ubyte[.gz], ...) in "
+                  f"PATH, 10 clothing classes (apt-get install dataset-fashion-mnist puts them in {DEBIAN_PATH})",
+                  lambda cfg, split, n: load_fashion_mnist(Path(cfg.path), split), needs_path=True))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",
                   lambda cfg, split, n: load_paddle_json(Path(cfg.path), split), needs_path=True))
 # synthetic images are generated as tensors, past any transform: only `none` (what `auto` gives) is true of them

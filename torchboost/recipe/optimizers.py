@@ -164,6 +164,9 @@ class RacePolicy:
     lr_grid: tuple[float, ...] = DEFAULT_LR_GRID  # what `torchboost race` tries when no --lr is given
     family: str = ""  # entries of one family (THOR and its variants) are not each other's rivals in a race
     by_default: bool = True  # raced when `torchboost race` is given no --optimizers
+    # after the recipe's warm-up the lr holds at its peak instead of following the recipe's decay: schedule-free
+    # optimizers average their iterates in place of a decay (a decay on top is not how they are used)
+    hold_lr: bool = False
 
 
 RACE_POLICY: dict[str, RacePolicy] = {
@@ -173,6 +176,11 @@ RACE_POLICY: dict[str, RacePolicy] = {
     "thor_muon": RacePolicy(family=THOR_FAMILY, by_default=False),
     "thor_normuon": RacePolicy(family=THOR_FAMILY, by_default=False),
     "thor_ekfac": RacePolicy(family=THOR_FAMILY, by_default=False),
+    # optional packages (the `optimizers` extra): never raced unless named, so a default race needs no extra.
+    # Grids from the packages' advice: schedule-free SGD 10-50x SGD's lr, schedule-free AdamW 1-10x AdamW's
+    "sgd_schedulefree": RacePolicy((0.5, 1.0, 2.0), by_default=False, hold_lr=True),
+    "adamw_schedulefree": RacePolicy((0.002, 0.005, 0.01), by_default=False, hold_lr=True),
+    "soap": RacePolicy((0.001, 0.003, 0.01), by_default=False),
 }
 
 

@@ -40,6 +40,7 @@ from torchboost.recipe.resolve import fit_batch
 from torchboost.recipe.validation import validate
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
+from torchboost.train.eval_weights import to_eval_weights, to_train_weights
 from torchboost.train.step import TrainStep, prepare_input
 
 # (model, lr, updates per epoch, epochs) -> optimizer
@@ -60,6 +61,7 @@ class Racer:
     build: BuildFn
     make_step: Callable | None = None
     epochs: int | None = None  # its own epoch budget (the schedule's length); None: the race's
+    hold_lr: bool = False  # after the warm-up the lr holds at its peak (schedule-free: `RacePolicy.hold_lr`)
 
 
 def race_setup(recipe: str, cfg: Config, images: int, epochs: int) -> tuple[Config, list[str]]:
@@ -117,14 +119,14 @@ def racer_config(cfg: Config, name: str) -> Config:
 def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
     """A registered optimizer (torchboost.optim.registry), built exactly as `torchboost train` builds it
     (same builder, fused kernels, options), over `lrs` or its race lr grid (`recipe.optimizers.race_policy`)."""
-    grid = race_policy(name).lr_grid
+    policy = race_policy(name)
     racer_cfg = racer_config(cfg, name)
 
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         run = dataclasses.replace(racer_cfg, train=dataclasses.replace(racer_cfg.train, epochs=epochs))
         return optimizer_from_config(run, model, lr, steps)
 
-    return Racer(name, tuple(lrs or grid), build)
+    return Racer(name, tuple(lrs or policy.lr_grid), build, hold_lr=policy.hold_lr)
 
 
 def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
@@ -236,20 +238,25 @@ class Lane:
     optimizer: torch.optim.Optimizer | None = None
     trace: bool = False  # race --trace: each epoch's row gets the layers' last update (race_trace)
     before: dict | None = field(default=None, repr=False)  # with trace: the weights before that update
+    traced: dict | None = field(default=None, repr=False)  # with trace: the epoch's row of layer_trace
+    input_norm: tuple | None = None  # (mean, std) of uint8 batches, normalised on the device as the step does
 
     def train_epoch(self, epoch: int, checkpoints: int = 1,
                     at_checkpoint: Callable[[float, float], None] | None = None) -> float:
         """Train one epoch; `checkpoints` evenly spaced points in it (the last at its end, which is the caller's)
-        each stop the clock and call `at_checkpoint(epochs so far, the last loss)` (an evaluation, untimed)."""
+        each stop the clock and call `at_checkpoint(epochs so far, the last loss)` (an evaluation, untimed). Each
+        evaluation sees the weights the optimizer evaluates (`train.eval_weights`: schedule-free's average, its
+        BatchNorm statistics recomputed from the epoch's batches, untimed as the evaluation is)."""
         set_epoch(self.loader, epoch)
         # Fetched and on the device before the clock starts: identical for every optimizer.
         batches = [(x.to(self.device), y.to(self.device)) for x, y in self.loader]
         inside = {round(len(batches) * (k + 1) / checkpoints) - 1 for k in range(checkpoints - 1)}
         self.model.train()
+        to_train_weights(self.optimizer)
         loss = torch.zeros(())
         sync(self.device)
         start = time.perf_counter()
-        self.before = None
+        self.before, self.traced = None, None
         try:
             for i, (x, y) in enumerate(batches):
                 if self.trace and i == len(batches) - 1:  # the weights before the epoch's last update, untimed
@@ -262,7 +269,9 @@ class Lane:
                 if at_checkpoint is not None and i in inside:
                     sync(self.device)
                     self.seconds += time.perf_counter() - start
+                    to_eval_weights(self.optimizer, self.model, lambda: self._inputs(batches))
                     at_checkpoint(epoch + (i + 1) / len(batches), float(loss))
+                    to_train_weights(self.optimizer)
                     self.model.train()
                     start = time.perf_counter()
         except TrainingError:  # a non-finite loss: in a race this lr diverged, the race goes on
@@ -270,7 +279,14 @@ class Lane:
             self.before = None
         sync(self.device)  # GPU kernels run asynchronously: the epoch ends when the device is done
         self.seconds += time.perf_counter() - start
+        if self.before is not None:  # the last update between the weights the step moved, before any swap
+            self.traced = layer_trace(self.model, self.before, self.optimizer)
+        to_eval_weights(self.optimizer, self.model, lambda: self._inputs(batches))  # for the caller's evaluation
         return float(loss)
+
+    def _inputs(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterable[torch.Tensor]:
+        """The epoch's inputs as the model sees them (BatchNorm's statistics are recomputed from them)."""
+        return (prepare_input(x, self.device, input_norm=self.input_norm) for x, _ in batches)
 
     @torch.no_grad()
     def evaluate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
@@ -282,6 +298,8 @@ class Lane:
 def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, device: torch.device) -> Lane:
     if racer.epochs is not None:  # this racer's own budget: its schedule anneals over its epochs
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=racer.epochs))
+    if racer.hold_lr:  # the recipe's warm-up, then its peak lr to the end (cosine from the peak to the peak)
+        cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, mode="cosine", lr_end=cfg.optim.lr))
     seed_everything(seed)  # the same initial weights for every racer and lr of this seed
     model = build_model(cfg).to(device)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
@@ -289,13 +307,14 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
     schedule = build_schedule(relative_schedule(cfg, lr), lr, steps)
     opt = racer.build(model, lr, steps, cfg.train.epochs)
     loss_fn = build_loss(cfg)
+    norm = input_norm(cfg.data)
     if racer.make_step is not None:
         step = racer.make_step(model, loss_fn, opt, schedule)
     else:
-        norm = input_norm(cfg.data)
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
-    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt)
+    return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt,
+                input_norm=norm)
 
 
 def relative_schedule(cfg: Config, lr: float) -> Config:
@@ -355,8 +374,8 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
 
             loss = lane.train_epoch(epoch, evals_per_epoch, record)
             record(epoch + 1, loss)
-            if lane.before is not None:
-                lane.history[-1].update(layer_trace(lane.model, lane.before, lane.optimizer))
+            if lane.traced is not None:
+                lane.history[-1].update(lane.traced)
             order += 1
             if not np.isfinite(loss):
                 lane.stopped = "diverged"

@@ -1,7 +1,8 @@
 """Race results: per target the best lr of each optimizer (median seconds over seeds, a seed that never
-reached the target counting as infinity; reaching is the hold rule, `race.reached_at`), ratios to the best
-other optimizer, per-epoch cost relative to the first optimizer, JSON and a plot of validation accuracy
-against training seconds."""
+reached the target counting as infinity; reaching is the hold rule, `race.reached_at`), its hit rate k/n, ratios
+to the best other optimizer with a seed-paired bootstrap interval and the verdict it allows (faster only where
+the interval's upper bound is below 1), the final accuracy beside them, per-epoch cost relative to the first
+optimizer, JSON and a plot of validation accuracy against training seconds."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def _per_lr(lanes: Sequence[Lane], name: str, target: float) -> list[dict]:
                      "median_seconds": statistics.median(s for _, s in hits),
                      "median_best": statistics.median(max((r["val_top_1_accuracy"] for r in l.history), default=0.0)
                                                       for l in lanes if l.racer == name and l.lr == lr),
-                     "seconds": [s for _, s in hits]})  # per seed, for the ratio's interval
+                     "seconds": [s for _, s in hits],  # per seed, for the ratio's interval
+                     "seed_ids": [l.seed for l in lanes if l.racer == name and l.lr == lr]})  # pairs seeds across racers
     return rows
 
 
@@ -129,28 +131,55 @@ def ratio_to_best_other(rows: dict, name: str) -> float:
     return mine / theirs
 
 
-def ratio_interval(rows: dict, name: str, rounds: int = 2000, level: float = 0.9) -> tuple[float, float] | None:
-    """A bootstrap interval (`level`, percentile method) of name's seconds-ratio to the best other racer: the
-    seeds of each side resampled with replacement, the ratio of the resampled medians. None with fewer than two
-    seeds on a side. A seed that never reached the target counts as infinitely slow, as in the medians."""
-    other = best_other(rows, name)
-    point = ratio_to_best_other(rows, name)
-    if other is None or not math.isfinite(point) or point == 0:  # never / only one: no ratio to bound
+def paired_bootstrap_ratio(mine: Sequence[float], theirs: Sequence[float], rounds: int = 2000, level: float = 0.9,
+                           rng: np.random.Generator | None = None) -> tuple[float, float] | None:
+    """A percentile bootstrap interval (`level`) of median(mine) / median(theirs) where mine[i] and theirs[i] are one
+    seed's (the same initial weights, batch order and augmentation): each draw resamples the seed indices once, with
+    replacement, and applies them to both racers, so what the seeds share cancels in the ratio. A seed that never
+    reached the target is inf, as in the medians; a draw where both medians are inf has no ratio and is left out.
+    None with fewer than two seeds or no draw with a ratio. `rng`: default_rng(0), so a race's interval repeats."""
+    a, b = np.asarray(mine, dtype=float), np.asarray(theirs, dtype=float)
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length ({len(a)} vs {len(b)})")
+    if len(a) < 2:
         return None
-    mine, theirs = (np.asarray(rows[n].get("seconds", []), dtype=float) for n in (name, other))
-    if len(mine) < 2 or len(theirs) < 2:
-        return None
-    rng = np.random.default_rng(0)  # the interval of a race is reproducible
-    a = np.median(rng.choice(mine, (rounds, len(mine))), axis=1)
-    b = np.median(rng.choice(theirs, (rounds, len(theirs))), axis=1)
+    rng = np.random.default_rng(0) if rng is None else rng
+    idx = rng.integers(0, len(a), size=(rounds, len(a)))  # one draw of seeds, the same for both racers
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = a / b
-    ratios = ratios[~np.isnan(ratios)]  # both sides never: no ratio
+        ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    ratios = ratios[~np.isnan(ratios)]
     if not len(ratios):
         return None
-    tail = (1 - level) / 2 * 100  # "nearest": a resample with a seed that never got there is inf, not nan
+    tail = (1 - level) / 2 * 100  # "nearest": a draw with a seed that never got there is inf, never interpolated
     return (float(np.percentile(ratios, tail, method="nearest")),
             float(np.percentile(ratios, 100 - tail, method="nearest")))
+
+
+def ratio_interval(rows: dict, name: str, rounds: int = 2000, level: float = 0.9) -> tuple[float, float] | None:
+    """The seed-paired bootstrap interval (`paired_bootstrap_ratio`) of name's seconds-ratio to the best other
+    racer, over the seeds both raced. None when there is no ratio (both never got there) or fewer than two shared
+    seeds."""
+    other = best_other(rows, name)
+    if other is None or math.isnan(ratio_to_best_other(rows, name)):
+        return None
+    mine, theirs = (dict(zip(rows[n].get("seed_ids", []), rows[n].get("seconds", []))) for n in (name, other))
+    shared = [seed for seed in mine if seed in theirs]
+    return paired_bootstrap_ratio([mine[s] for s in shared], [theirs[s] for s in shared], rounds, level)
+
+
+def verdict(ratio: float, interval: tuple[float, float] | None) -> str:
+    """What a ratio of seconds lets one claim: faster only where the interval's upper bound is below 1, slower
+    only where its lower bound is above 1; anything else (an interval across 1, too few seeds) is undecided."""
+    if interval is None or math.isnan(ratio):
+        return "undecided"
+    if interval[1] < 1.0:
+        return "faster"
+    return "slower" if interval[0] > 1.0 else "undecided"
+
+
+def fmt_hits(row: dict) -> str:
+    """The hit rate: seeds that reached the target (hold rule) of those raced, k/n."""
+    return f"{row['reached']}/{row['seeds']}"
 
 
 def fmt_interval(interval: tuple[float, float] | None) -> str:
@@ -170,33 +199,49 @@ def fmt_ratio(r: float) -> str:
 
 def headline(summary: dict, name: str) -> str:
     """The one-line result: name's median seconds-to-target over the best other (non-THOR, for THOR
-    racers) optimizer's, per target."""
-    parts = [f"{float(t):.1%} {fmt_ratio(ratio_to_best_other(rows, name))}{fmt_interval(ratio_interval(rows, name))}"
-             for t, rows in summary["targets"].items()]
-    return f"{name}/best-other seconds-to-target (90% bootstrap interval over seeds): " + ", ".join(parts)
+    racers) optimizer's, per target, each with its seed-paired 90% interval and verdict."""
+    parts = []
+    for t, rows in summary["targets"].items():
+        ratio, interval = ratio_to_best_other(rows, name), ratio_interval(rows, name)
+        parts.append(f"{float(t):.1%} {fmt_ratio(ratio)}{fmt_interval(interval)} {verdict(ratio, interval)}")
+    return (f"{name}/best-other seconds-to-target (90% seed-paired bootstrap interval; faster only where it lies below "
+            "1): " + ", ".join(parts))
 
 
 def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
-    """The table users read: per target and racer the best lr, seeds reached, median epochs/seconds, ratios."""
+    """The table users read: per target and racer the best lr, hit rate k/n, median epochs/seconds, the ratio to
+    the best other with its interval and verdict, and the final top-1 beside them."""
     first = next(iter(summary["seconds_per_epoch"]))
     gpu = "" if device == "cpu" else f"; device: {device}"
+    w = max(12, *(len(n) for n in summary["seconds_per_epoch"]))  # the optimizer column fits every name
     lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",
-             f"{'target':>7} {'optimizer':<12} {'best lr':>8} {'reached':>8} {'med epochs':>11} {'med s':>8} "
-             f"{'s/best other [90%]':>26} {f's/epoch vs {first}':>18}"]
-    for t, name, r, ratio, cost in table_rows(summary):
-        lines.append(f"{t:>7.1%} {name:<12} {r['lr']:>8g} {r['reached']:>5}/{r['seeds']} "
-                     f"{r['median_epochs']:>11.3g} {r['median_seconds']:>8.1f} {ratio:>26} {cost:>17.2f}x")
-    lines.append(f"reached: {TARGET_RULE}")
+             f"{'target':>7} {'optimizer':<{w}} {'best lr':>8} {'hits':>6} {'med epochs':>11} {'med s':>8} "
+             f"{'s/best other [90%]':>26} {'verdict':>10} {'final top-1':>22} {f's/epoch vs {first}':>18}"]
+    for t, name, r, ratio, claim, final, cost in table_rows(summary):
+        lines.append(f"{t:>7.1%} {name:<{w}} {r['lr']:>8g} {fmt_hits(r):>6} {r['median_epochs']:>11.3g} "
+                     f"{r['median_seconds']:>8.1f} {ratio:>26} {claim:>10} {final:>22} {cost:>17.2f}x")
+    lines += [f"reached: {TARGET_RULE}", VERDICT_RULE]
     lines.append(f"final top-1 at each optimizer's lr ({final_note(summary)}): " + "; ".join(
         f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items()))
     return "\n".join(lines)
+
+
+VERDICT_RULE = ("verdict: faster where the 90% interval of the seconds ratio (seeds resampled in pairs) lies below "
+                "1.0, slower where it lies above, else undecided")
 
 
 def fmt_final(f: dict) -> str:
     """'98.8% [98.5, 99.0] after 8 epochs': the median final accuracy, its range over seeds, the epochs."""
     if not math.isfinite(f["median"]):
         return "no evaluation"
-    return f"{f['median']:.1%} [{f['lowest']:.1%}, {f['highest']:.1%}] after {f['epochs']:.3g} epochs"
+    return f"{fmt_final_range(f)} after {f['epochs']:.3g} epochs"
+
+
+def fmt_final_range(f: dict) -> str:
+    """'98.8% [98.5, 99.0]': the median final accuracy and its range over seeds (the table's column)."""
+    if not math.isfinite(f["median"]):
+        return "none"
+    return f"{f['median']:.1%} [{f['lowest']:.1%}, {f['highest']:.1%}]"
 
 
 def final_note(summary: dict) -> str:
@@ -208,26 +253,31 @@ def final_note(summary: dict) -> str:
     return "some runs stopped at the targets: pass --full-budget to compare at matched budgets"
 
 
-def table_rows(summary: dict) -> Iterator[tuple[float, str, dict, str, float]]:
-    """(target, optimizer, its summary row, seconds ratio to the best other, epoch cost vs the first)."""
+def table_rows(summary: dict) -> Iterator[tuple[float, str, dict, str, str, str, float]]:
+    """(target, optimizer, its summary row, seconds ratio to the best other with its interval, the verdict, the
+    final top-1 at its lr, epoch cost vs the first)."""
     per_epoch = summary["seconds_per_epoch"]
     first = next(iter(per_epoch))
+    finals = summary.get("final", {})
     for t, rows in summary["targets"].items():
         for name, r in rows.items():
-            ratio = fmt_ratio(ratio_to_best_other(rows, name)) + fmt_interval(ratio_interval(rows, name))
-            yield float(t), name, r, ratio, per_epoch[name] / per_epoch[first]
+            ratio, interval = ratio_to_best_other(rows, name), ratio_interval(rows, name)
+            final = fmt_final_range(finals[name]) if name in finals else ""
+            yield (float(t), name, r, fmt_ratio(ratio) + fmt_interval(interval), verdict(ratio, interval), final,
+                   per_epoch[name] / per_epoch[first])
 
 
 def format_markdown(summary: dict) -> str:
     """The same table as Markdown (for BENCHMARKS.md-style reports)."""
     first = next(iter(summary["seconds_per_epoch"]))
-    rows = ["| target | optimizer | best lr | reached | median epochs | median s | s / best other | "
-            f"s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for t, name, r, ratio, cost in table_rows(summary):
-        rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {r['reached']}/{r['seeds']} | "
-                    f"{r['median_epochs']:.3g} | {r['median_seconds']:.1f} | {ratio} | {cost:.2f}x |")
-    rows += ["", f"Reached: {TARGET_RULE}.", "", f"Final top-1 ({final_note(summary)}): " + "; ".join(
-        f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items())]
+    rows = ["| target | optimizer | best lr | hits | median epochs | median s | s / best other [90%] | verdict | "
+            f"final top-1 | s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t, name, r, ratio, claim, final, cost in table_rows(summary):
+        rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {fmt_hits(r)} | {r['median_epochs']:.3g} | "
+                    f"{r['median_seconds']:.1f} | {ratio} | {claim} | {final} | {cost:.2f}x |")
+    rows += ["", f"Reached: {TARGET_RULE}.", "", f"{VERDICT_RULE[0].upper()}{VERDICT_RULE[1:]}.", "",
+             f"Final top-1 ({final_note(summary)}): " + "; ".join(
+                 f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items())]
     return "\n".join(rows)
 
 

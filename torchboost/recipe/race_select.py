@@ -2,8 +2,12 @@
 
 1. `race --holdout N` races lr grids (and epoch budgets) on N training samples held out as a validation split;
    the test split is never read.
+   When it ends it fixes the confirmation's targets (`fixed_targets`): the best rival's median final accuracy
+   less 1.5 and 0.3 points, written into its race.json.
 2. `race --frozen SELECTION/race.json --first-seed S` races each optimizer at the one (lr, budget) the selection
-   chose, on fresh seeds, on the test split: the reported seconds and accuracies were not used to choose them.
+   chose, on fresh seeds, on the test split, at the selection's fixed targets (`confirmation_targets`): the
+   reported seconds and accuracies were not used to choose them, nor were the lines they are measured against.
+   Every (configuration, seed) it evaluates on the test split goes into the task's ledger (`race_ledger`).
 
 Races run in several processes (one per core) are pooled only when every process raced the same racers, and a
 (racer, lr, seed) run that appears twice is counted once (`pooled_lanes`): a racer raced alone, on a quieter
@@ -24,7 +28,7 @@ from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain
 from torchboost.recipe.config import Config
 from torchboost.recipe.race import Lane, Racer, budget_racers, racer_base, variant_racer
-from torchboost.recipe.race_report import reach_key, summarize
+from torchboost.recipe.race_report import is_thor, reach_key, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -110,16 +114,57 @@ def pooled_settings(settings: dict, lanes: Sequence[Lane], paths: Sequence[str])
     return {**settings, "pooled": [str(p) for p in paths], "first_seed": seeds[0], "seeds": seeds[-1] - seeds[0] + 1}
 
 
-def check_same_task(data: dict, source: str, recipe: str, overrides: Sequence[str], targets: Sequence[float]) -> None:
-    """A frozen race must race the task its selection ran: the same recipe, overrides and targets."""
+def check_same_task(data: dict, source: str, recipe: str, overrides: Sequence[str]) -> None:
+    """A frozen race must race the task its selection ran: the same recipe and overrides (its targets:
+    `confirmation_targets`)."""
     settings = data["settings"]
     for what, theirs, mine in (("recipe", settings.get("recipe"), recipe),
-                               ("overrides", settings.get("overrides"), list(overrides)),
-                               ("targets", [float(t) for t in settings.get("targets") or []],
-                                [float(t) for t in targets])):
+                               ("overrides", settings.get("overrides"), list(overrides))):
         if theirs != mine:
             raise ConfigError(f"{source} selected on {what} {theirs!r}, this race has {mine!r}",
                               f"race the selection's {what} (or select again)")
+
+
+TARGET_MARGINS = (0.015, 0.003)  # below the best rival's median final accuracy: the confirmation's two targets
+
+
+def fixed_targets(summary: dict) -> dict:
+    """The confirmation's targets, fixed when a selection ends: the best rival's median final top-1 in the
+    selection (at its chosen lr) less 1.5 and less 0.3 points. The rivals are the racers outside the THOR family
+    when both kinds raced (THOR's variants are not each other's rivals, `is_thor`), else every racer. Recorded
+    with the rival, its median final and whether its runs trained their whole budget (the finals then compare
+    at matched budgets)."""
+    finals = {n: f for n, f in summary["final"].items() if math.isfinite(f["median"])}
+    if not finals:
+        raise ConfigError("the selection has no final accuracy to fix the confirmation's targets from",
+                          "select again: every racer needs at least one evaluation")
+    rivals = [n for n in finals if not is_thor(n)] if any(is_thor(n) for n in finals) else list(finals)
+    rival = max(rivals or finals, key=lambda n: finals[n]["median"])
+    best = finals[rival]["median"]
+    targets = [round(best - margin, 6) for margin in TARGET_MARGINS]
+    if targets[0] <= 0:
+        raise ConfigError(f"the best rival {rival} ends at {best:.1%}: no target lies 1.5 points below it",
+                          "select on a task the racers learn")
+    return {"targets": targets, "rival": rival, "rival_median_final": best,
+            "whole_budget": bool(finals[rival]["whole_budget"])}
+
+
+def confirmation_targets(data: dict, source: str, given: Sequence[float] | None) -> tuple[float, ...]:
+    """The targets a confirmation races: the ones its selection fixed (`fixed_targets`), checked against the rule
+    applied to the selection's own runs; other --targets are refused."""
+    stored = data["settings"].get("fixed_targets")
+    if not isinstance(stored, dict) or not isinstance(stored.get("targets"), list):
+        raise ConfigError(f"{source} fixes no targets for its confirmation",
+                          "select again with this version, or pool it with `torchboost race --report FILE -o DIR` "
+                          "(which fixes them) and confirm from DIR/race.json")
+    fixed = fixed_targets(summarize(lanes_of(data, source), raced_targets(data["settings"], source)))["targets"]
+    if [float(t) for t in stored["targets"]] != fixed:
+        raise ConfigError(f"{source} records targets {stored['targets']} but its runs give {fixed}",
+                          "confirm from an unmodified selection (or select again)")
+    if given is not None and [float(t) for t in given] != fixed:
+        raise ConfigError(f"--targets {' '.join(f'{t:g}' for t in given)}: {source} fixed the confirmation's targets "
+                          f"at {' '.join(f'{t:g}' for t in fixed)}", "drop --targets (the selection's are raced)")
+    return tuple(fixed)
 
 
 def check_fresh_seeds(data: dict, source: str, seeds: range) -> None:
@@ -180,3 +225,13 @@ def lanes_of(data: dict, source: Path | str) -> list[Lane]:
             raise ConfigError(f"{source} holds a run that is not a race run", "give the race.json a race wrote") from None
         lanes.append(lane)
     return lanes
+
+
+def fixed_targets_line(fixed: dict) -> str:
+    """What a selection fixed, for people."""
+    shown = " and ".join(f"{t:.1%}" for t in fixed["targets"])
+    note = "" if fixed["whole_budget"] else ("; its runs stopped at the selection's targets, so that final is an early "
+                                             "one: select with --full-budget for finals at matched budgets")
+    return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
+            f"{fixed['rival_median_final']:.1%} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
+            f"{note}); --frozen races these")

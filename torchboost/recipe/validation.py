@@ -21,7 +21,7 @@ from pathlib import Path
 from torchboost.boost import resolve_boost
 from torchboost.data.device_decode import nvjpeg
 from torchboost.errors import ConfigError
-from torchboost.optim.registry import OPTIMIZERS, get_optimizer
+from torchboost.optim.registry import OPTIMIZERS, check_installed, get_optimizer
 from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.data import host_augments
@@ -100,6 +100,9 @@ def _check_data(cfg: Config) -> None:
         streamed = ", ".join(k for k, e in DATA_KINDS.items() if e.streamed)
         raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
                           f"use a data set read from shards ({streamed}) or drop them")
+    if kind.streamed and d.train_subset:  # a stream is read in order: no draw across it
+        raise ConfigError(f"data.train_subset cannot be drawn from streamed {d.dataset} data",
+                          "train on a folder or an in-memory set, or export the subset as shards")
     if kind.streamed and d.skip_corrupt:
         raise ConfigError(f"data.skip_corrupt is not supported for data.dataset={d.dataset}",
                           "export the shards from a folder without corrupt images (export-shards checks each file)")
@@ -161,12 +164,13 @@ def _check_model(cfg: Config) -> None:
     m = cfg.model
     resnet = m.name.startswith("resnet")
     if m.init is not None:
-        allowed = ("torchvision", "mindspore") if resnet else ("torch", "paddle")
+        allowed = ("torchvision", "mindspore") if resnet else ("torch", "paddle") if m.name == "mnist_cnn" else ()
         if m.init not in allowed:
-            raise ConfigError(f"model.init={m.init} does not apply to {m.name}", f"use one of {', '.join(allowed)}")
+            raise ConfigError(f"model.init={m.init} does not apply to {m.name}", f"use one of {', '.join(allowed)}"
+                              if allowed else "leave model.init unset: this network has torchvision's init")
     if not resnet and (m.padding != "torch" or m.zero_init_last_bn or m.small_input):
         raise ConfigError(f"model.padding / zero_init_last_bn / small_input apply to ResNets, not {m.name}",
-                          "leave them at their defaults for mnist_cnn")
+                          f"leave them at their defaults for {m.name}")
 
 
 def _check_optim(cfg: Config) -> None:
@@ -174,6 +178,7 @@ def _check_optim(cfg: Config) -> None:
     recorded in config.yaml and silently ignored."""
     o = cfg.optim
     entry = get_optimizer(o.name)
+    check_installed(entry)
     for pattern, wd in o.weight_decay_groups.items():
         if not isinstance(pattern, str) or not pattern:
             raise ConfigError(f"optim.weight_decay_groups key {pattern!r} is not a parameter-name pattern",

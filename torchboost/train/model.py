@@ -11,7 +11,7 @@ import math
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from .state import Callback, TrainState, keyed_callbacks, summarize_epoch
 from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint, load_model_state, rng_state, set_rng_state
 from .metrics import METRIC_NAMES, MetricAccumulator
 from .device import StepClock, amp_dtype_for, cpu_has_bf16, resolve_device
+from .eval_weights import to_eval_weights, to_train_weights
 from .step import StepOptions, TrainStep, prepare_input
 
 class Model:
@@ -158,6 +159,7 @@ class Model:
             for cb in callbacks:
                 cb.on_train_epoch_begin(state)
             self.network.train()
+            to_train_weights(self.optimizer)  # schedule-free: back to the weights the step moves
             batches = iter(train_data)
             state.clock = StepClock(self.device)
             state.clock.mark()
@@ -194,6 +196,9 @@ class Model:
                 raise TrainingError(f"epoch {epoch + 1}: {e.what}", e.fix) from None
             summary = summarize_epoch(state)  # reads the device's sums: the queued updates are done after it
             state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summary}
+            # every epoch, evaluated or not (untimed, as evaluation): checkpoints and the final weights are the
+            # ones to evaluate
+            to_eval_weights(self.optimizer, self.module, lambda: self._inputs(train_data))
             if self.optimizer is not None and self.optimizer.param_groups:  # the lr the epoch's last update used
                 state.eval_results["lr"] = float(self.optimizer.param_groups[0]["lr"])
             if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
@@ -210,6 +215,13 @@ class Model:
         for cb in callbacks:
             cb.on_train_end(state)
         return state
+
+    def _inputs(self, data: Iterable) -> Iterator[torch.Tensor]:
+        """The inputs of `data`'s batches, on the device as the step sees them (BatchNorm's statistics are
+        recomputed from them, `train.eval_weights`)."""
+        for batch in data:
+            if batch is not None:  # every sample a dropped corrupt image
+                yield prepare_input(batch[0], self.device, self.channels_last, self.input_norm)
 
     def _resume_position(self, state: TrainState, epoch_samples: int) -> tuple[int, int]:
         """(first epoch to run, samples of it already done) from a loaded checkpoint, else (0, 0); restores

@@ -1,0 +1,67 @@
+"""Evaluating the weights an optimizer declares for evaluation (`TrainerProtocol.swaps_weights`: schedule-free's
+average of its iterates), the one way `Model.train` and the race do it: the weights swapped in through the
+protocol, then BatchNorm's running statistics recomputed at them, since the ones the forward passes gathered
+belong to the weights the step moved, not to these.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..optim.protocol import protocol_of
+
+# schedulefree's README recomputes BatchNorm statistics over 50 training batches before an evaluation
+BN_BATCHES = 50
+
+
+def batchnorms(model: nn.Module) -> list[nn.Module]:
+    """The model's BatchNorm layers that keep running statistics."""
+    kinds = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    return [m for m in model.modules() if isinstance(m, kinds) and m.track_running_stats]
+
+
+@torch.no_grad()
+def recompute_batchnorm(model: nn.Module, inputs: Iterable[torch.Tensor]) -> int:
+    """BatchNorm's running statistics recomputed at the model's current weights: reset, then the plain average
+    over `inputs` (momentum None: each batch counts alike) in training mode; every layer's momentum and the
+    model's mode are restored. Returns the batches used (0 when the model has no BatchNorm: nothing is run)."""
+    norms = batchnorms(model)
+    if not norms:
+        return 0
+    momenta, was_training = [m.momentum for m in norms], model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    count = 0
+    try:
+        for x in inputs:
+            model(x)
+            count += 1
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        model.train(was_training)
+    return count
+
+
+def to_eval_weights(optimizer: torch.optim.Optimizer | None, model: nn.Module,
+                    inputs: Callable[[], Iterable[torch.Tensor]]) -> None:
+    """Before an evaluation or a checkpoint: the optimizer's weights to evaluate in the parameters and, when they
+    are not the ones the step moved, BatchNorm's statistics recomputed at them from up to BN_BATCHES training
+    inputs (`inputs()`, called only then)."""
+    protocol = protocol_of(optimizer) if optimizer is not None else None
+    if protocol is None or not protocol.swaps_weights:
+        return
+    protocol.eval_weights()
+    recompute_batchnorm(model, itertools.islice(inputs(), BN_BATCHES))
+
+
+def to_train_weights(optimizer: torch.optim.Optimizer | None) -> None:
+    """Before the next update: the weights the step moves back in the parameters (a no-op for most optimizers)."""
+    if optimizer is not None:
+        protocol_of(optimizer).train_weights()
