@@ -254,3 +254,41 @@ def test_when_no_lr_reaches_a_target_the_one_that_learned_most_is_chosen():
     summary = summarize(lanes, (0.97, 0.98))
     assert summary["chosen_lr"]["sgd"] == 0.02
     assert summary["targets"]["0.97"]["sgd"]["median_best"] == pytest.approx(0.905)
+
+
+def test_a_confirmation_on_a_folder_reads_test_and_every_figure_names_it(tmp_path, capsys):
+    """A folder with val/ (6 images) and test/ (9): --frozen confirms on test/ — every accuracy a multiple of
+    1/9, the live lines, the table, race.json and the plot title name it — and a folder without test/ is
+    refused in one line."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path / "d"
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 16), ("val", 2), ("test", 3)):
+        for k in range(3):
+            (root / split / f"c{k}").mkdir(parents=True)
+            for i in range(n):
+                a = rng.normal(40 + 80 * k, 15, (8, 8)).clip(0, 255).astype(np.uint8)
+                Image.fromarray(a, "L").save(root / split / f"c{k}" / f"{i}.png")
+    common = ["race", "--config", "digits-lenet", "--data", str(root), "--set", "data.batch_size=8",
+              "--set", "model.name=mnist_cnn", "--epochs", "1", "--seeds", "1", "--optimizers", "sgd", "--lr",
+              "sgd=0.05"]
+    sel, conf = tmp_path / "sel", tmp_path / "conf"
+    assert main([*common, "--holdout", "9", "--targets", "0.3", "0.5", "-o", str(sel)]) == 0
+    assert main([*common[:-4], "--frozen", str(sel / "race.json"), "--first-seed", "1", "--full-budget",
+                 "-o", str(conf)]) == 0
+    out = capsys.readouterr().out
+    named = f"{root / 'test'} (folder)"
+    assert f"evaluated on {named}: 9 images" in out and f"accuracy on {named}" in out
+    data = json.loads((conf / "race.json").read_text())
+    assert data["settings"]["evaluated_on"] == named and data["summary"]["evaluated_on"] == named
+    accs = [h["val_top_1_accuracy"] for r in data["runs"] for h in r["history"]]
+    assert accs and all(abs(a * 9 - round(a * 9)) < 1e-9 for a in accs)
+    import shutil
+
+    shutil.rmtree(root / "test")
+    assert main([*common[:-4], "--frozen", str(sel / "race.json"), "--first-seed", "2", "-o",
+                 str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no test split" in err and "\n" not in err

@@ -393,12 +393,12 @@ def _cmd_race(args: argparse.Namespace) -> int:
         print(f"test-split ledger: {ledger}")
 
     def save(lanes: list) -> tuple[Path, Path]:
-        return write_results(lanes, summarize(lanes, targets), meta, out)
+        return write_results(lanes, {**summarize(lanes, targets), "evaluated_on": evaluated}, meta, out)
 
     lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, targets, epochs=args.epochs,
                      time_budget_s=args.time_budget, stop_at_targets=not args.full_budget, on_round=save,
                      trace=args.trace, evals_per_epoch=args.evals_per_epoch)
-    summary = summarize(lanes, targets)
+    summary = {**summarize(lanes, targets), "evaluated_on": evaluated}  # every figure names its split
     print(format_report(summary, args.threads, device_name(lanes[0].device)))
     for racer in racers:
         if is_thor(racer.name) and len(racers) > 1:
@@ -432,7 +432,8 @@ def _race_report(args: argparse.Namespace) -> int:
         settings = {**settings, "fixed_targets": fixed_targets(pooled)}
         print(fixed_targets_line(settings["fixed_targets"]))
     targets = tuple(args.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
-    summary = summarize(lanes, targets)
+    on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
+    summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}
     print(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
     names = list(dict.fromkeys(l.racer for l in lanes))
     for name in names:

@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
+from torchboost.errors import printable
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
 from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
@@ -214,7 +215,8 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
     first = next(iter(summary["seconds_per_epoch"]))
     gpu = "" if device == "cpu" else f"; device: {device}"
     w = max(12, *(len(n) for n in summary["seconds_per_epoch"]))  # the optimizer column fits every name
-    lines = [f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",
+    lines = [f"accuracy on {printable(summary.get('evaluated_on', 'an unrecorded split'))}",
+             f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",
              f"{'target':>7} {'optimizer':<{w}} {'best lr':>8} {'hits':>6} {'med epochs':>11} {'med s':>8} "
              f"{'s/best other [90%]':>26} {'verdict':>10} {'final top-1':>22} {f's/epoch vs {first}':>18}"]
     for t, name, r, ratio, claim, final, cost in table_rows(summary):
@@ -353,7 +355,8 @@ def race_figure(lanes: Sequence[Lane], summary: dict):
                     color="grey", va="bottom")
     ax.set_xlabel("training seconds")
     ax.set_ylabel("validation top-1")
-    ax.set_title(FIGURE_TITLE, fontsize=8)
+    on = printable(summary.get("evaluated_on", "an unrecorded split"))[:90]
+    ax.set_title(f"{FIGURE_TITLE}\ntop-1 on {on}", fontsize=8)
     ax.set_ylim(max(0.0, lowest - 0.03), 1.0)
     ax.legend()
     fig.tight_layout()
