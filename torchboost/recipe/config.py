@@ -282,6 +282,14 @@ class DistSection:
 
 
 @dataclass
+class EvalSection:
+    tta: str = option("none", choices=("none", "flip"), help="test-time augmentation of every evaluation of the "
+                                                             "run (validation, test at the end, eval, predict, "
+                                                             "export): flip = logits averaged with the mirrored "
+                                                             "image's")
+
+
+@dataclass
 class Config:
     name: str = option("mnist-lenet", help="the run's name (the recipe's)")
     output: str = option("runs/{name}", help="the run's folder: config, checkpoints, logs ({name} = name)")
@@ -293,6 +301,7 @@ class Config:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     boost: BoostSection = dataclasses.field(default_factory=BoostSection)
     dist: DistSection = dataclasses.field(default_factory=DistSection)
+    eval: EvalSection = dataclasses.field(default_factory=EvalSection)
 
     def to_dict(self) -> dict:
         """The config as plain data, option sections written under their names (`optim.thor`)."""

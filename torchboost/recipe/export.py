@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from torchboost.deploy import DeployInfo, export_network, format_for
+from torchboost.train.tta import with_tta
 from torchboost.errors import OutputError, printable
 from torchboost.fileio import confine_writes, within
 from torchboost.recipe.config import Config
@@ -41,7 +42,7 @@ def export_checkpoint(path: str, out: str, fmt: Optional[str] = None, config: Op
     with contextlib.ExitStack() as stack:
         for folder in _owned(path, out):
             stack.enter_context(confine_writes(folder))
-        export_network(model.network, info, out, fmt)
+        export_network(with_tta(model.network, cfg.eval.tta), info, out, fmt)  # TTA travels in the file
     return info, fmt
 
 

@@ -75,7 +75,7 @@ def model_from_weights(path: str, config: Optional[str] = None, overrides: Seque
     # a run that normalised on the device reads uint8 images here too (eval_preprocess): the same statistics
     norm = input_norm(cfg.data)
     model = Model(net, build_loss(cfg), metrics=without_top5(METRIC_NAMES, cfg.model.num_classes), device=device,
-                  channels_last=cfg.model.channels_last, input_norm=norm)
+                  channels_last=cfg.model.channels_last, input_norm=norm, tta=cfg.eval.tta)
     return model, cfg, ckpt
 
 

@@ -25,6 +25,7 @@ from .metrics import METRIC_NAMES, MetricAccumulator
 from .device import StepClock, amp_dtype_for, cpu_has_bf16, resolve_device
 from .eval_weights import to_eval_weights, to_train_weights
 from .step import StepOptions, TrainStep, prepare_input
+from .tta import with_tta
 
 class Model:
     """High-level train/eval/predict around a network, in torch's vocabulary.
@@ -32,6 +33,7 @@ class Model:
     amp_dtype: None trains in float32; "bfloat16", "float16" or a torch dtype runs the forward under
     torch.autocast in it; "auto" picks bfloat16, or float16 on GPUs without it. MindSpore's
     `amp_level`/`loss_scale_manager` are accepted by `torchboost.compat.mindspore.Model`, which translates them.
+    tta: "flip" evaluates and predicts with the logits averaged over each image and its mirror (`train.tta`).
     The update's own options (a `grad_scaler` for float16, clipping, EMA, schedule, hooks, non-finite
     policy...) are `StepOptions`, given as `options=` or as its keyword arguments
     (`Model(net, loss, opt, grad_scaler=torch.amp.GradScaler(), clip_global_norm=1.0)`); Model sets the
@@ -42,7 +44,7 @@ class Model:
                  optimizer: Optional[torch.optim.Optimizer] = None,
                  metrics: Optional[Iterable[str]] = None, *,
                  device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
-                 accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep,
+                 accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep, tta: str = "none",
                  options: Optional[StepOptions] = None, **step_options: Any) -> None:
         options = StepOptions.of(options, **step_options)
         if accumulation_steps < 1:
@@ -69,6 +71,8 @@ class Model:
         # with StepOptions.compile the step compiles its own forward; eval and predict use a compiled copy too
         # (the bare module keeps the state dict and the EMA/hook targets)
         self.compiled = self.network if options.compile == "none" else torch.compile(self.network)
+        with_tta(self.network, tta)  # an unknown mode is refused here, not at the first evaluation
+        self.tta = tta
         if optimizer is not None and loss_fn is not None:
             options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype)
             self.train_step = step_cls(self.network, loss_fn, optimizer, options, device=self.device,
@@ -268,7 +272,7 @@ class Model:
         also keeps each of this process's samples' prediction (per-class results, `train.per_class`)."""
         if use_ema and self.ema is None:
             raise ConfigError("use_ema=True but this Model has no EMA", "enable train.ema.enabled")
-        net = self.ema.module if use_ema else self.compiled
+        net = with_tta(self.ema.module if use_ema else self.compiled, self.tta)
         was_training = net.training
         net.eval()
         acc = MetricAccumulator(self.metrics)
@@ -292,7 +296,7 @@ class Model:
     @torch.no_grad()
     def predict(self, batch: torch.Tensor, use_ema: bool = False) -> torch.Tensor:
         """Logits for a batch (eval mode)."""
-        net = self.ema.module if use_ema and self.ema is not None else self.compiled
+        net = with_tta(self.ema.module if use_ema and self.ema is not None else self.compiled, self.tta)
         was_training = net.training
         net.eval()
         x = prepare_input(batch, self.device, self.channels_last, self.input_norm)

@@ -1,0 +1,67 @@
+"""Flip test-time augmentation against a float64 computation by hand, through eval and an ONNX export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchboost.models import create_model
+from torchboost.train.tta import FlipTTA, with_tta
+
+
+def test_flip_tta_is_the_mean_of_the_image_and_its_mirror_in_float64():
+    torch.manual_seed(0)
+    net = create_model("resnet20", num_classes=5).double().eval()
+    x = torch.randn(3, 3, 16, 16, dtype=torch.float64)
+    mirrored = torch.stack([img[:, :, torch.arange(15, -1, -1)] for img in x])  # columns reversed, by index
+    with torch.no_grad():
+        want = (net(x) + net(mirrored)) / 2
+        got = FlipTTA(net)(x)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert with_tta(net, "none") is net
+    with pytest.raises(ValueError, match="unknown test-time augmentation"):
+        with_tta(net, "crop")
+
+
+def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from torchboost.cli import main
+    from torchboost.data import load_builtin
+    from torchboost.recipe.build import build_model
+    from torchboost.recipe.config import build_config
+
+    out = tmp_path / "run"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "256", "-o", str(out), "--set",
+                 "eval.tta=flip", "--set", "train.progress_bar=false"]) == 0
+    ckpt = out / "ckpt" / "mnist_cnn-best.pt"
+    state = torch.load(ckpt, weights_only=True)
+    net = build_model(build_config(state["config"]))
+    net.load_state_dict(state["model"])
+    net.eval()
+    test = load_builtin("digits", "test")
+    x = (test.images.float() / 255 - torch.tensor(test.mean).view(1, -1, 1, 1)) / torch.tensor(test.std).view(1, -1, 1, 1)
+    with torch.no_grad():
+        plain, flipped = net(x), net(x.flip(-1))
+    want = int(((plain + flipped) / 2).argmax(1).eq(test.labels).sum()) / len(test.labels)
+    assert want != int(plain.argmax(1).eq(test.labels).sum()) / len(test.labels)  # the flip changes the count
+    history = [json.loads(r) for r in (out / "history.jsonl").read_text().splitlines()]
+    assert history[-1]["val_top_1_accuracy"] == pytest.approx(want, abs=1e-12)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(ckpt), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top_1_accuracy"] == pytest.approx(want, abs=1e-12)
+    png = tmp_path / "7.png"
+    Image.fromarray(test.images[0, 0].numpy()).save(png)
+    onnx = tmp_path / "m.onnx"
+    assert main(["export", str(ckpt), str(onnx)]) == 0
+    probs = {}
+    for source in (ckpt, onnx):
+        capsys.readouterr()
+        assert main(["predict", "--checkpoint", str(source), str(png), "--format", "json", "--topk", "10"]) == 0
+        probs[source] = {t["class"]: t["probability"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
+    p = torch.softmax((plain[0] + flipped[0]) / 2, 0)
+    for k in range(10):
+        assert probs[ckpt][str(k)] == pytest.approx(float(p[k]), abs=1e-5)
+        assert probs[onnx][str(k)] == pytest.approx(probs[ckpt][str(k)], abs=1e-4)
