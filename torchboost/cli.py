@@ -514,12 +514,13 @@ class OneLineParser(argparse.ArgumentParser):
 def int_between(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in [low, high] (an upper bound keeps a typo from exhausting memory)."""
     def parse(text: str) -> int:
+        shown = text if len(text) <= 40 else f"{text[:20]}…({len(text):,} characters)"  # one short line
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{shown!r} is not a whole number") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+            raise argparse.ArgumentTypeError(f"{shown} is not between {low} and {high}")
         return value
     parse.__name__ = "int"  # argparse names the type in its messages
     return parse

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import field
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 from torchboost.errors import ConfigError, suggest
+from torchboost.plaindata import check_number, shown_number
 
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -78,7 +78,8 @@ KIND_WORDS = {int: "an integer", float: "a numeric", bool: "a true/false", str: 
 
 
 def check_type(value: Any, tp: Any, where: str) -> Any:
-    """`value` checked against a field type (the few shapes our dataclasses use); int -> float coerced."""
+    """`value` checked against a field type (the few shapes our dataclasses use); int -> float coerced. A
+    number for an int or float key must be in float range (`plaindata.check_number`), whatever its source."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -104,13 +105,18 @@ def check_type(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping, got {value!r}", f"write e.g. {where}={{key: value}}")
         return value
+    if tp in (int, float):
+        check_number(value, where)  # before float(): an int past 1.8e308 would be an OverflowError
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; users write it
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
+        else:
+            check_number(number, where, written=value)
+            return number
     # bool is a subclass of int: `epochs: true` must not pass as 1.
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
         raise ConfigError(f"{where} must be {tp.__name__}, got {type(value).__name__} {value!r}",
@@ -132,12 +138,12 @@ def check_rules(value: Any, f: dataclasses.Field, where: str) -> None:
     for v in numbers:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        if not math.isfinite(v):
-            raise ConfigError(f"{where}={v} is not a finite number", f"give a finite value ({describe_rules(f)})")
+        check_number(v, where, describe_rules(f))
         for key, (sign, ok) in _BOUNDS.items():
             bound = meta.get(key)
             if bound is not None and not ok(v, bound):
-                raise ConfigError(f"{where} must be {describe_rules(f)}, got {v}", f"set {where} {sign} {_number(bound)}")
+                raise ConfigError(f"{where} must be {describe_rules(f)}, got {shown_number(v)}",
+                                  f"set {where} {sign} {_number(bound)}")
 
 
 def leaf_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field, Any, Any]]:

@@ -6,10 +6,21 @@ billion references), recurse 20,000 levels into Python's stack, and silently kee
 keys. A recipe needs none of that: aliases are refused, nesting is capped, a duplicate key is an error. A
 checkpoint's saved config comes from `torch.load(weights_only=True)`, whose memo can share one list from
 many places just the same; `check_plain` walks it with a budget before anything iterates it.
+
+Numbers: every number a config key takes is a float or an int a float can hold. An int past ±1.8e308 is an
+OverflowError wherever it meets a float (`math.isfinite`, `float()`), and Python refuses to parse or print an
+int of over 4,300 digits (a ValueError; parsing one is quadratic). `in_float_range` is the one test and
+`check_number` the one refusal (`options.check_type` applies it to every int and float key, whatever the
+source); YAML (and JSON through `json_int`) keeps an integer written with more than `MAX_NUMBER_CHARS`
+characters, or a float that overflows, as an `OutOfRange` (±inf, shown as written) instead of parsing it;
+`check_plain` refuses an int past the range anywhere in a saved config.
 """
 
 from __future__ import annotations
 
+import math
+import re
+import sys
 from typing import Any
 
 import yaml
@@ -19,6 +30,58 @@ from torchboost.errors import ConfigError
 MAX_DEPTH = 32  # recipes are 3 levels deep; boost's MindSpore dict 4
 MAX_NODES = 100_000  # values in one recipe or saved config, counted with repetition
 MAX_BYTES = 1 << 20  # a recipe is a few kB
+FLOAT_MAX = sys.float_info.max  # 1.8e308
+MAX_NUMBER_CHARS = 330  # FLOAT_MAX has 309 digits: a decimal integer written longer is past it
+
+
+def in_float_range(value: int | float) -> bool:
+    """`value` is finite and a float can hold it (comparing an int with a float is exact in Python and
+    never overflows; NaN compares false)."""
+    return -FLOAT_MAX <= value <= FLOAT_MAX
+
+
+def shown_number(value: Any, width: int = 24) -> str:
+    """A number (or the text of one) for a message: a long one cut, with its digit count; an int past
+    Python's limit on printing digits as its order of magnitude."""
+    value = value.text if isinstance(value, OutOfRange) else value
+    try:
+        text = value if isinstance(value, str) else repr(value)
+    except ValueError:  # str() of an int of over 4,300 digits
+        return f"{'-' if value < 0 else ''}1e{int(abs(value).bit_length() * math.log10(2))} (or so)"
+    return text if len(text) <= width else f"{text[:12]}…({len(re.sub(r'[^0-9a-fA-F]', '', text)):,} digits)"
+
+
+class OutOfRange(float):
+    """A number from YAML that no float holds (an integer of over MAX_NUMBER_CHARS characters, 1e999): ±inf,
+    so every finite check refuses it, shown as it was written."""
+
+    def __new__(cls, text: str) -> OutOfRange:
+        number = super().__new__(cls, "-inf" if text.lstrip().startswith("-") else "inf")
+        number.text = text
+        return number
+
+    def __repr__(self) -> str:
+        return shown_number(self.text)
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple:  # copied (a config's deepcopy) as the text it was written as
+        return OutOfRange, (self.text,)
+
+
+def json_int(text: str) -> int | float:
+    """`json.loads`'s parse_int with YAML's rule: an integer written too long to be in range is an OutOfRange,
+    never parsed (past 4,300 digits int() refuses it)."""
+    return OutOfRange(text) if len(text) > MAX_NUMBER_CHARS else int(text)
+
+
+def check_number(value: Any, where: str, rules: str = "", written: Any = None) -> None:
+    """ConfigError unless `value`, an int or float (anything else passes), is in float range
+    (`in_float_range`): `where=<value as written> is not a finite number in range`."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_float_range(value):
+        raise ConfigError(f"{where}={shown_number(value if written is None else written)} is not a finite number "
+                          "in range", f"give a finite value ({rules})" if rules else
+                          f"give a finite value within ±{FLOAT_MAX:.1e}")
 
 
 class BoundedLoader(yaml.SafeLoader):
@@ -40,6 +103,18 @@ class BoundedLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_yaml_int(self, node: Any) -> Any:
+        text = self.construct_scalar(node)
+        if len(text) > MAX_NUMBER_CHARS:  # never parsed: past the float range, and maybe Python's digit limit
+            return OutOfRange(text)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: Any) -> Any:
+        value = super().construct_yaml_float(node)
+        if math.isinf(value) and "inf" not in self.construct_scalar(node).lower():  # 1e999, not .inf
+            return OutOfRange(self.construct_scalar(node))
+        return value
+
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
         for key_node, _ in node.value:
@@ -53,6 +128,10 @@ class BoundedLoader(yaml.SafeLoader):
                 raise yaml.YAMLError(f"the key {key!r} appears twice in one mapping{_where(key_node)} (the first "
                                      "would be silently dropped)")
         return super().construct_mapping(node, deep)
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+BoundedLoader.add_constructor("tag:yaml.org,2002:float", BoundedLoader.construct_yaml_float)
 
 
 def _where(mark_holder: Any) -> str:
@@ -91,6 +170,9 @@ def check_plain(obj: Any, what: str, max_nodes: int = MAX_NODES, max_depth: int 
                 walk(v, depth + 1)
         elif not (o is None or isinstance(o, (str, int, float, bool))):
             raise ConfigError(f"{what} holds a {type(o).__name__} where plain data belongs",
+                              "it is not a torchboost config")
+        elif isinstance(o, int) and not in_float_range(o):  # a float would overflow on it; str() may refuse it
+            raise ConfigError(f"{what} holds the number {shown_number(o)}, past the float range",
                               "it is not a torchboost config")
 
     walk(obj, 0)

@@ -7,9 +7,11 @@ so a model trained on one source evaluates the same on the other.
 from __future__ import annotations
 
 import json
+import math
+import struct
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ import torch
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
 from torchboost.fileio import read_regular
+from torchboost.plaindata import shown_number
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 # IDX type codes -> big-endian numpy dtypes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
@@ -28,6 +31,7 @@ PADDLE_SPLITS = {"train": 0, "valid": 1, "test": 2}  # the file holds [train, va
 
 MAX_INFLATED = 1 << 30  # 1 GiB: full MNIST is 55 MB inflated, Paddle's JSON about 400 MB
 _IDX_HEADER_MAX = 4 + 4 * 255
+MAX_IDX_DIMS = 16  # MNIST's files have 1 or 3; numpy holds at most 32 (64 from numpy 2)
 
 
 def _read_bytes(path: Path, cap: Callable[[bytes], int] = lambda head: MAX_INFLATED) -> bytes:
@@ -51,12 +55,21 @@ def _read_bytes(path: Path, cap: Callable[[bytes], int] = lambda head: MAX_INFLA
     return head + rest
 
 
-def _idx_size(head: bytes) -> int:
-    """The byte size an IDX header declares (a huge or unreadable header: no more than the header)."""
+def _idx_header(head: bytes) -> Optional[tuple[np.dtype, tuple[int, ...]]]:
+    """(dtype, dims) of the IDX header `head` starts with; None when it holds no whole header of a known type."""
     if len(head) < 4 or head[2] not in IDX_DTYPES or len(head) < 4 + 4 * head[3]:
+        return None
+    return np.dtype(IDX_DTYPES[head[2]]), struct.unpack_from(f">{head[3]}I", head, 4)
+
+
+def _idx_size(head: bytes) -> int:
+    """The byte size an IDX header declares (a huge or unreadable header: no more than the header), in Python
+    integers: numpy's int64 product wraps (three dims of 2^31 make 2^93, which it calls 0)."""
+    header = _idx_header(head)
+    if header is None:
         return len(head)
-    dims = np.frombuffer(head, ">u4", head[3], 4).astype(object)  # Python ints: no overflow
-    return 4 + 4 * head[3] + int(np.prod(dims)) * np.dtype(IDX_DTYPES[head[2]]).itemsize
+    dtype, dims = header
+    return 4 + 4 * len(dims) + math.prod(dims) * dtype.itemsize
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -68,16 +81,18 @@ def read_idx(path: str | Path) -> np.ndarray:
         raise DataError(f"{path} is not an IDX file (bad magic {data[:4].hex()})", bad)
     if data[2] not in IDX_DTYPES:
         raise DataError(f"{path} has unknown IDX type code 0x{data[2]:02x}", bad)
-    ndim, dtype = data[3], np.dtype(IDX_DTYPES[data[2]])
-    header = 4 + 4 * ndim
-    if len(data) < header:
+    header = _idx_header(data)
+    if header is None:
         raise DataError(f"{path} is truncated inside its header", bad)
-    dims = tuple(int(d) for d in np.frombuffer(data, ">u4", ndim, 4))
-    expected = header + int(np.prod(dims)) * dtype.itemsize
-    if len(data) != expected:
-        raise DataError(f"{path} holds {len(data)} bytes but its header {dims} needs {expected}",
+    dtype, dims = header
+    if len(dims) > MAX_IDX_DIMS:
+        raise DataError(f"{path} declares {len(dims)} dimensions (at most {MAX_IDX_DIMS})", bad)
+    expected = _idx_size(data)
+    if len(data) != expected:  # before numpy sees the dims: the size checked in Python integers
+        shown = dims if len(dims) <= 4 else (*dims[:4], f"… {len(dims)} dims")
+        raise DataError(f"{path} holds {len(data):,} bytes but its header {shown} needs {shown_number(expected)}",
                         "the file is truncated or corrupt: re-download it")
-    return np.frombuffer(data, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+    return np.frombuffer(data, dtype, offset=4 + 4 * len(dims)).reshape(dims).astype(dtype.newbyteorder("="))
 
 
 def _dataset(images: np.ndarray, labels: np.ndarray, source: str) -> TensorImageDataset:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Any, Mapping
 
 from torchboost.errors import CheckpointError
+from torchboost.plaindata import in_float_range, json_int
 
 FORMAT = "torchboost-classifier/1"  # the value of the `format` key; changes when the meaning of a key does
 META_FILE = "torchboost.json"  # the extra file in TorchScript / ExportedProgram archives
@@ -84,7 +84,7 @@ class DeployInfo:
             if key in ("model", "torchboost_version"):
                 return text
             try:
-                return json.loads(text)
+                return json.loads(text, parse_int=json_int)  # 5,001 digits: refused below, never parsed
             except (ValueError, RecursionError):
                 raise bad(f"metadata {key} is not JSON") from None
 
@@ -114,6 +114,6 @@ def _ints(v: Any, n: int, bad, key: str) -> list[int]:
 
 def _floats(v: Any, n: int, bad, key: str) -> tuple[float, ...]:
     if not (isinstance(v, list) and len(v) == n
-            and all(type(x) in (int, float) and math.isfinite(x) for x in v)):
+            and all(type(x) in (int, float) and in_float_range(x) for x in v)):  # no OverflowError on 1e400
         raise bad(f"metadata {key} is not {n} finite number(s), one per channel")
     return tuple(float(x) for x in v)

@@ -8,7 +8,6 @@ is recognised by content).
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import re
@@ -22,6 +21,7 @@ from torch import nn
 
 from ..errors import CheckpointError, printable
 from ..fileio import atomic_path, open_regular
+from ..plaindata import in_float_range
 
 CHECKPOINT_SUFFIX = ".pt"  # training checkpoints are torch files (the weight-format registry's torch entry)
 _NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)" + re.escape(CHECKPOINT_SUFFIX) + "$")
@@ -161,7 +161,7 @@ def check_position(ckpt: dict, source: str, fix: str) -> None:
 def _finite_number(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and not value.is_complex() and bool(torch.isfinite(value.float()).all())
-    return type(value) in (int, float) and math.isfinite(value)
+    return type(value) in (int, float) and in_float_range(value)  # math.isfinite(10**400) is an OverflowError
 
 
 def check_rng_state(state: object, source: str, fix: str) -> None:
@@ -194,7 +194,7 @@ def _same_kind(built: object, loaded: object) -> bool:
     if isinstance(built, bool) or built is None or isinstance(built, str):
         return type(loaded) is type(built)
     if isinstance(built, (int, float)):
-        return type(loaded) in (int, float) and math.isfinite(loaded)
+        return type(loaded) in (int, float) and in_float_range(loaded)
     return True  # tensors (a capturable lr), tuples (betas): torch's own loader checks what it casts
 
 
@@ -216,7 +216,7 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, built: list[dict], s
             for key, value in optimizer.state.get(p, {}).items():
                 sizes = (1, p.numel(), p.shape[0] if p.dim() else 1)
                 # a buffer is a tensor; only a step count may be a plain number (as older torch stored it)
-                number = key == "step" and type(value) in (int, float) and math.isfinite(value) and value >= 0
+                number = key == "step" and type(value) in (int, float) and in_float_range(value) and value >= 0
                 if not isinstance(value, torch.Tensor) and not number:
                     raise CheckpointError(f"{source} cannot be resumed: its optimizer state {key!r} is "
                                           f"{type(value).__name__}, not a tensor", fix)

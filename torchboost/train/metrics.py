@@ -10,6 +10,7 @@ import torch
 
 from .. import dist
 from ..errors import ConfigError, suggest
+from ..plaindata import in_float_range
 
 METRIC_NAMES = ("top_1_accuracy", "top_5_accuracy", "loss")
 METRIC_ALIASES = {"accuracy": "top_1_accuracy", "acc": "top_1_accuracy", "top1": "top_1_accuracy",
@@ -71,7 +72,7 @@ class BestValue:
     def load_state_dict(self, state: dict) -> None:
         """Restore from a checkpoint (untrusted): a finite number or none, and an epoch count."""
         value, epoch = state["value"], state["epoch"]
-        if not ((value is None or (type(value) in (int, float) and math.isfinite(value)))
+        if not ((value is None or (type(value) in (int, float) and in_float_range(value)))
                 and type(epoch) is int and epoch >= 0):
             raise ValueError(f"best {self.monitor} {str(value)[:20]!r} at epoch {str(epoch)[:20]!r} is not a number "
                              "and an epoch")
