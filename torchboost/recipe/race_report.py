@@ -213,7 +213,7 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
     """The table users read: per target and racer the best lr, hit rate k/n, median epochs/seconds, the ratio to
     the best other with its interval and verdict, and the final top-1 beside them."""
     first = next(iter(summary["seconds_per_epoch"]))
-    gpu = "" if device == "cpu" else f"; device: {device}"
+    gpu = "" if device == "cpu" else f"; device: {printable(device)[:80]}"  # a name from a file, maybe
     w = max(12, *(len(n) for n in summary["seconds_per_epoch"]))  # the optimizer column fits every name
     lines = [f"accuracy on {printable(summary.get('evaluated_on', 'an unrecorded split'))}",
              f"(torch threads: {threads}; CPU: {cpu_flags()}{gpu}; seconds = training time, medians over seeds)",

@@ -55,12 +55,59 @@ def read_race(path: Path) -> dict:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path} is not a race result (not JSON: {e})", "give the race.json a race wrote") from None
+    except RecursionError:  # nesting deeper than the parser's stack: no race writes that
+        raise ConfigError(f"{path} is not a race result (nested too deep)", "give the race.json a race wrote") from None
     check_plain(data, str(path))
     if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in
                                              (("settings", dict), ("summary", dict), ("runs", list))):
         raise ConfigError(f"{path} is not a race result (no settings, summary and runs)",
                           "give the race.json a race wrote")
+    check_race_schema(data, str(path))
     return data
+
+
+# What a race.json's settings may hold where the protocol reads them: (type, low, high) — checked before use
+SETTINGS_SCHEMA = {"seeds": (int, 1, 100), "first_seed": (int, 0, 2**31 - 1), "epochs": (int, 1, 100_000),
+                   "holdout": (int, 0, 10**9), "evals_per_epoch": (int, 1, 100), "batch_size": (int, 1, 2**31 - 1),
+                   "threads": (int, 0, 1024)}
+MAX_RUNS, MAX_EVALUATIONS, MAX_NAME = 10_000, 100_000, 200
+
+
+def check_race_schema(data: dict, source: str) -> None:
+    """Types, ranges, sizes and names of the parts of a race.json the race reads, in one place: a file that
+    fails is one ConfigError naming the field (never a traceback, a huge allocation or a forged table row)."""
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"{source} is not a race result ({what})", "give the race.json a race wrote")
+
+    settings = data["settings"]
+    for key, (kind, low, high) in SETTINGS_SCHEMA.items():
+        value = settings.get(key)
+        if value is not None and not (type(value) is kind and low <= value <= high):
+            raise bad(f"settings.{key} is not a whole number from {low} to {high}")
+    fixed = settings.get("fixed_targets")
+    if fixed is not None and not isinstance(fixed, dict):
+        raise bad("settings.fixed_targets is not a mapping")
+    for key, targets in (("targets", settings.get("targets")), ("fixed_targets.targets", (fixed or {}).get("targets"))):
+        if targets is not None and not (isinstance(targets, list) and 1 <= len(targets) <= 10 and all(
+                type(t) in (int, float) and 0 < t <= 1 for t in targets)):
+            raise bad(f"settings.{key} is not a list of 1 to 10 accuracies in (0, 1]")
+    if len(data["runs"]) > MAX_RUNS:
+        raise bad(f"more than {MAX_RUNS} runs")
+    for r in data["runs"]:
+        name = r.get("optimizer") if isinstance(r, dict) else None
+        if not (isinstance(name, str) and 0 < len(name) <= MAX_NAME and name.isprintable()):
+            raise bad("a run's optimizer is not a printable name of 1 to 200 characters")
+        history = r.get("history")
+        if not (isinstance(history, list) and 0 < len(history) <= MAX_EVALUATIONS):
+            raise bad(f"a run's history is not a list of 1 to {MAX_EVALUATIONS} evaluations")
+        seed = r.get("seed")
+        if not (type(seed) is int and 0 <= seed < 2**31):
+            raise bad("a run's seed is not a whole number from 0 to 2^31 - 1")
+        for h in history:
+            if not (isinstance(h, dict) and all(type(h.get(k)) in (int, float) and math.isfinite(h[k]) and h[k] >= 0
+                                                for k in ("epoch", "seconds", "val_top_1_accuracy"))
+                    and h["val_top_1_accuracy"] <= 1):
+                raise bad("an evaluation lacks a finite epoch, seconds or an accuracy in [0, 1]")
 
 
 def selections(data: dict, source: str) -> list[Selection]:
