@@ -13,32 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from thor_nets import im2col
 from torchboost.optim.thor import THOR
 from torchboost.optim.thor.inverse import damped_inverse, damped_inverses
 
 LAM = 0.05
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")
-
-
-def im2col(x: np.ndarray, conv: nn.Conv2d) -> np.ndarray:
-    """Patches (N*Hout*Wout, Cin*kh*kw) by explicit loops, channel-major like the weight."""
-    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
-    if isinstance(conv.padding, str):  # 'same' with stride 1: total pad d*(k-1), the extra on the right
-        tot = [d * (k - 1) for d, k in ((dh, kh), (dw, kw))]
-        pads = [(t // 2, t - t // 2) for t in tot]
-    else:
-        pads = [(p, p) for p in conv.padding]
-    mode = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[conv.padding_mode]
-    xp = np.pad(x, ((0, 0), (0, 0), pads[0], pads[1]), mode=mode)
-    ho = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
-    rows = []
-    for n in range(x.shape[0]):
-        for i in range(ho):
-            for j in range(wo):
-                patch = xp[n, :, i * sh: i * sh + dh * (kh - 1) + 1: dh, j * sw: j * sw + dw * (kw - 1) + 1: dw]
-                rows.append(patch.reshape(-1))
-    return np.array(rows)
 
 
 def reference_directions(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, lam: float,

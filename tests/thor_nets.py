@@ -46,6 +46,54 @@ def linear_stats(net: nn.Sequential, x, y):
     return res
 
 
+def im2col(x: np.ndarray, conv: nn.Conv2d) -> np.ndarray:
+    """Patches (N*Hout*Wout, Cin*kh*kw) by explicit loops, channel-major like the weight."""
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
+    if isinstance(conv.padding, str):  # 'same' with stride 1: total pad d*(k-1), the extra on the right
+        tot = [d * (k - 1) for d, k in ((dh, kh), (dw, kw))]
+        pads = [(t // 2, t - t // 2) for t in tot]
+    else:
+        pads = [(p, p) for p in conv.padding]
+    mode = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}[conv.padding_mode]
+    xp = np.pad(x, ((0, 0), (0, 0), pads[0], pads[1]), mode=mode)
+    ho = (xp.shape[2] - dh * (kh - 1) - 1) // sh + 1
+    wo = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
+    rows = []
+    for n in range(x.shape[0]):
+        for i in range(ho):
+            for j in range(wo):
+                patch = xp[n, :, i * sh: i * sh + dh * (kh - 1) + 1: dh, j * sw: j * sw + dw * (kw - 1) + 1: dw]
+                rows.append(patch.reshape(-1))
+    return np.array(rows)
+
+
 def direction(A, G, grad, lam):
     s = np.sqrt(lam)
     return np.linalg.inv(G + s * np.eye(len(G))) @ grad @ np.linalg.inv(A + s * np.eye(len(A)))
+
+
+def dense_factors(net: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Per Conv2d/Linear child (groups 1) of a copy of `net`: (A, G, T, weight gradient as out x in), dense
+    float64 numpy, the conv's patches from `im2col`'s loops and output gradients from autograd (retain_grad)."""
+    net = copy.deepcopy(net)
+    h, inputs, outputs = x, {}, {}
+    for name, m in net.named_children():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            inputs[name] = h.detach().numpy()
+            h = m(h)
+            h.retain_grad()
+            outputs[name] = h
+        else:
+            h = m(h)
+    F.cross_entropy(h, y).backward()
+    out = {}
+    for name, o in outputs.items():
+        m = getattr(net, name)
+        d = o.grad.numpy() * len(x)  # per-sample gradients of the mean loss
+        if isinstance(m, nn.Conv2d):
+            a, t = im2col(inputs[name], m), d.shape[2] * d.shape[3]
+            d = d.transpose(0, 2, 3, 1).reshape(-1, d.shape[1])
+        else:
+            a, t = inputs[name], 1
+        out[name] = (a.T @ a / len(a), d.T @ d / len(d), t, m.weight.grad.numpy().reshape(len(m.weight), -1))
+    return out

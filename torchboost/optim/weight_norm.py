@@ -6,6 +6,8 @@ effective step (the relative update is lr x |update| / |w|) and, for K-FAC/THOR,
 scales with |w|^2). Left free, the norm drifts with weight decay and the updates themselves; pinning it gives
 the lr schedule sole control of the relative step (Osawa et al.'s K-FAC renormalises conv weights; airbench
 normalises conv filters every step). Written here: torch has no step hook that does this.
+`remove_radial` is the other way to use that invariance (AdamP/SGDP; THOR's `project_radial`): keep the update
+tangent to each filter instead of restoring the norm after it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ def bn_fed_convs(model: nn.Module) -> list[nn.Conv2d]:
     modules = list(model.modules())
     return [m for m, nxt in zip(modules, modules[1:])
             if isinstance(m, nn.Conv2d) and isinstance(nxt, nn.BatchNorm2d) and nxt.num_features == m.out_channels]
+
+
+def remove_radial(update: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`update` less its radial part per output filter, u - (<u, w> / |w|^2) w (AdamP/SGDP's projection, Heo et
+    al. 2021, without SGDP's cosine test): the part a BatchNorm-fed filter's loss cannot see, which only changes
+    its norm. A zero filter keeps its update."""
+    u = update.reshape(update.shape[0], -1)
+    w = weight.detach().reshape(weight.shape[0], -1).to(u.dtype)
+    radial = (u * w).sum(1, keepdim=True) / (w * w).sum(1, keepdim=True).clamp_min(torch.finfo(u.dtype).tiny)
+    return (u - radial * w).reshape(update.shape)
 
 
 def exempt_from_weight_decay(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:

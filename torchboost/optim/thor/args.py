@@ -71,6 +71,7 @@ _FIRST_ORDER = Removed(f"{_NO_GAIN}; damping_decay above 1 fades THOR into its f
 
 
 EKFAC_DECAY = 0.95  # the thor_ekfac optimizer's ekfac_decay when the options leave it unset
+DAMPING_MODES = ("absolute", "trace", "pi")  # how the damping reaches the factors (`layer.factor_dampings`)
 
 
 @dataclass
@@ -102,6 +103,24 @@ class ThorOptions:
                                                                  "never updated, the Kronecker eigenvalues); unset: "
                                                                  "THOR's inverses (optimizer thor_ekfac: "
                                                                  f"{EKFAC_DECAY})")
+    damping_mode: str = option("absolute", choices=DAMPING_MODES,
+                               help="how the damping reaches the factors A and G (conv: T positions per sample): "
+                                    "absolute = sqrt(damping/T) added to each; trace = damping x the factor's mean "
+                                    "eigenvalue tr(F)/dim added to each (scale-free: damping is then a fraction); "
+                                    "pi = Martens & Grosse's pi-damping, A + pi sqrt(damping/T), G + sqrt(damping/T) "
+                                    "/ pi with pi = sqrt((tr(A)/dim A) / (tr(G)/dim G)); not with ekfac_decay; "
+                                    "raced as a variant, thor[damping_mode=trace]")
+    inverse_root: int = option(1, choices=(1, 2),
+                               help="the power of the damped factors THOR applies: 1 = A^-1 and G^-1 (the natural "
+                                    "gradient); 2 = A^-1/2 and G^-1/2 (Shampoo's root, by an eigendecomposition of "
+                                    "each block); with ekfac_decay the eigenbasis divisor (s + damping)^(1/root): 2 "
+                                    "is an Adam-style second moment; raced as a variant, thor[inverse_root=2], and as "
+                                    "SOAP-Muon, thor_muon[ekfac_decay=0.95,inverse_root=2]")
+    project_radial: bool = option(False, help="the radial part of each BatchNorm-fed conv's preconditioned "
+                                              "gradient removed per output filter, u - (<u, w>/|w|^2) w (AdamP/SGDP, "
+                                              "Heo et al. 2021, without SGDP's cosine test): BatchNorm makes the "
+                                              "filter scale-invariant, and the preconditioner's radial part only "
+                                              "changes its norm; raced as a variant, thor[project_radial=true]")
 
     REMOVED: ClassVar[dict[str, Removed]] = {
         "factor_interval": _ONE_FREQUENCY, "inv_interval": _ONE_FREQUENCY,
@@ -164,6 +183,10 @@ def check_thor_options(options: Mapping[str, Any], *, also: Iterable[str] = ()) 
             raise ConfigError(f"unknown THOR option '{key}'", suggest(str(key), [*THOR_FIELDS, *also]))
     current = {k: v for k, v in options.items() if k not in ThorOptions.REMOVED}
     check_options(_without_schedules(current, ("damping",)), ThorOptions, "THOR")
+    if current.get("ekfac_decay") is not None and current.get("damping_mode", "absolute") != "absolute":
+        # EKFAC adds the damping to its eigenvalues (s + damping), never to the factors
+        raise ConfigError(f"THOR damping_mode={current['damping_mode']} damps the factors' inverses, and "
+                          "ekfac_decay (thor_ekfac) damps the eigenvalues instead", "leave damping_mode absolute")
 
 
 def check_thor_args(values: Mapping[str, Any], cls: type = ThorArgs) -> None:

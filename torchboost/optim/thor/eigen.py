@@ -33,6 +33,9 @@ input-mean direction) get c W'^2 ~ 0, so after a few updates s there falls to ~0
 by the damping alone, where THOR's Kronecker denominator stays large: such moves change nothing in training
 mode but do move BatchNorm's running statistics away from what the network now needs.
 
+`inverse_root=2` divides by (s + damping)^(1/2) instead: Adam's root of a second moment, in THOR's eigenbasis
+(SOAP's preconditioner without its eigenbasis momentum; thor_muon orthogonalises the result: a SOAP-Muon).
+
 The first update after a refresh uses the fresh s as it is (exactly K-FAC's damped inverse in that basis);
 later updates fold their gradient into s before using it (as Adam does). No bias correction: s never starts
 from zero.
@@ -122,15 +125,20 @@ class EigenState:
         la, lg = block_eigenvalues(a, q_a, n_in), block_eigenvalues(g, q_g, n_out)
         return cls(q_a, q_g, t * lg[:, :, None] * la[:, None, :])
 
-    def precondition(self, w: Tensor, damping: float, beta: float, moment_scale: float = 1.0) -> Tensor:
-        """Q_G (W' / (s + damping)) Q_A^T for w (groups, out, in) in the state's dtype; updates s first (unless
-        fresh or beta = 1): s <- beta s + (1 - beta) moment_scale W'^2."""
+    def precondition(self, w: Tensor, damping: float, beta: float, moment_scale: float = 1.0,
+                     root: int = 1) -> Tensor:
+        """Q_G (W' / (s + damping)^(1/root)) Q_A^T for w (groups, out, in) in the state's dtype (root 2: Adam's
+        root of the second moment); updates s first (unless fresh or beta = 1): s <- beta s + (1 - beta)
+        moment_scale W'^2."""
         rotated = rotate(w, self.Q_G, self.Q_A)
         if self.fresh:
             self.fresh = False
         elif beta != 1.0:
             self.s.mul_(beta).addcmul_(rotated, rotated, value=(1.0 - beta) * moment_scale)
-        return unrotate(rotated / (self.s + damping), self.Q_G, self.Q_A)
+        divisor = self.s + damping
+        if root != 1:
+            divisor = divisor ** (1.0 / root)
+        return unrotate(rotated / divisor, self.Q_G, self.Q_A)
 
     def state(self) -> dict:
         return {k: getattr(self, k) for k in _STATE_KEYS}

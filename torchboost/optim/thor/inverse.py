@@ -3,7 +3,9 @@
 A factor is held as its diagonal blocks of `split_dim` (MindSpore's hardware-driven split: O(n*b^2)
 instead of O(n^3)), shape (groups, n_blocks, b, b); the zero padding of the last block gets identity, so
 all blocks have one size and invert as one batch. `split_dim=None` is one block: the whole matrix.
-Inverses have the same layout and are applied without ever forming the block-diagonal matrix.
+Inverses have the same layout and are applied without ever forming the block-diagonal matrix. The inverse
+is Cholesky's; `inverse_root=2` takes each damped block's inverse square root from its eigendecomposition
+instead (the identity padding stays identity: a function of a block-diagonal matrix is block-diagonal).
 """
 
 from __future__ import annotations
@@ -27,15 +29,38 @@ def block_shape(groups: int, n: int, b: int) -> torch.Size:
     return torch.Size((groups, math.ceil(n / b), b, b))
 
 
-def _cholesky_inverse(blocks: Tensor, damping: Tensor, max_retries: int) -> tuple[Tensor, Tensor]:
-    """Invert (B, b, b) SPD blocks + damping[i]*I by Cholesky; a failing block is retried with 10x its damping
-    (up to max_retries times) rather than returning NaN. Returns (inverse, retries per block: max_retries + 1
-    where the block still failed)."""
+def _cholesky(m: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+    """Cholesky factors of (B, b, b) blocks and whether each succeeded (positive definite)."""
+    chol, info = torch.linalg.cholesky_ex(m)
+    return (chol,), info == 0
+
+
+def _eigh(m: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+    """Eigendecompositions of (B, b, b) symmetric blocks and whether each is positive definite (ascending
+    eigenvalues: the first one > 0)."""
+    evals, evecs = torch.linalg.eigh(m)
+    return (evals, evecs), evals[:, 0] > 0
+
+
+def _inverse_sqrt(evals: Tensor, evecs: Tensor) -> Tensor:
+    """Q diag(l^-1/2) Q^T of each block."""
+    return (evecs * evals.rsqrt()[:, None, :]) @ evecs.mT
+
+
+# root -> (decomposition with its success flags, the damped block's -1/root power from it)
+_POWERS = {1: (_cholesky, torch.cholesky_inverse), 2: (_eigh, _inverse_sqrt)}
+
+
+def _damped_power(blocks: Tensor, damping: Tensor, max_retries: int, root: int = 1) -> tuple[Tensor, Tensor]:
+    """(B, b, b) SPD blocks + damping[i]*I to the power -1/root (1: Cholesky; 2: an eigendecomposition); a block
+    that is not positive definite is retried with 10x its damping (up to max_retries times) rather than
+    returning NaN. Returns (power, retries per block: max_retries + 1 where the block still failed)."""
+    decompose, power = _POWERS[root]
     eye = torch.eye(blocks.shape[-1], dtype=blocks.dtype, device=blocks.device)
     damp = damping.to(blocks.dtype).reshape(-1, 1, 1).clone()
-    chol, info = torch.linalg.cholesky_ex(blocks + damp * eye)
+    parts, ok = decompose(blocks + damp * eye)
     tries = torch.zeros(blocks.shape[0], dtype=torch.long, device=blocks.device)
-    bad = info != 0
+    bad = ~ok
     for _ in range(max_retries):
         if not bool(bad.any()):  # the refresh's one host read per block size (and per retry)
             break
@@ -43,22 +68,32 @@ def _cholesky_inverse(blocks: Tensor, damping: Tensor, max_retries: int) -> tupl
         floor = 1e-6 * blocks[bad].diagonal(dim1=-2, dim2=-1).abs().mean(-1).clamp_min(1e-12)
         damp[bad] = torch.maximum(damp[bad] * 10, floor[:, None, None])
         tries[bad] += 1
-        chol_bad, info_bad = torch.linalg.cholesky_ex(blocks[bad] + damp[bad] * eye)
-        chol[bad], info[bad] = chol_bad, info_bad
-        bad = info != 0
+        parts_bad, ok_bad = decompose(blocks[bad] + damp[bad] * eye)
+        for part, part_bad in zip(parts, parts_bad):
+            part[bad] = part_bad
+        ok[bad] = ok_bad
+        bad = ~ok
     tries[bad] = max_retries + 1
-    return torch.cholesky_inverse(chol), tries
+    return power(*parts), tries
 
 
-Factor = tuple[Tensor, int, float, float]  # (blocks (g, nb, b, b), n, damping, scale)
+Factor = tuple[Tensor, int, float | Tensor, float]  # (blocks (g, nb, b, b), n, damping (one, or (g,)), scale)
 
 
-def damped_inverses(factors: list[Factor], max_retries: int = MAX_DAMPING_RETRIES
+def _block_damping(damping: float | Tensor, g: int, nb: int, device: torch.device) -> Tensor:
+    """(g * nb,) float64 damping of every block of a factor: one number for all, or one per group."""
+    if isinstance(damping, Tensor):
+        return damping.to(device=device, dtype=torch.float64).repeat_interleave(nb)
+    return torch.full((g * nb,), damping, dtype=torch.float64).to(device)
+
+
+def damped_inverses(factors: list[Factor], max_retries: int = MAX_DAMPING_RETRIES, root: int = 1
                     ) -> list[tuple[Tensor, int] | None]:
-    """scale * (blocks + damping*I)^-1 for each factor's (g, nb, b, b) diagonal blocks of an n x n matrix (the
-    padding beyond n becomes identity), with the Cholesky retries it used; None for a factor whose blocks still
-    fail after max_retries. Blocks of one size are inverted as one batch across factors: a refresh of every
-    layer is a few batched calls, not two per layer (on a GPU each call is launches and a host read)."""
+    """scale * (blocks + damping*I)^(-1/root) for each factor's (g, nb, b, b) diagonal blocks of an n x n matrix
+    (the padding beyond n becomes identity), with the retries it used; None for a factor whose blocks still
+    fail after max_retries. `damping`: a number, or a (g,) tensor, one per group. Blocks of one size are
+    inverted as one batch across factors: a refresh of every layer is a few batched calls, not two per layer
+    (on a GPU each call is launches and a host read)."""
     flats = []
     for blocks, n, _, _ in factors:
         g, nb, b, _ = blocks.shape
@@ -72,11 +107,10 @@ def damped_inverses(factors: list[Factor], max_retries: int = MAX_DAMPING_RETRIE
     for i, f in enumerate(flats):
         groups.setdefault((f.shape[-1], f.dtype, f.device), []).append(i)
     out: list[tuple[Tensor, int] | None] = [None] * len(factors)
-    for members in groups.values():
+    for (_, _, device), members in groups.items():
         sizes = [flats[i].shape[0] for i in members]
-        damping = torch.cat([torch.full((k,), factors[i][2], dtype=torch.float64) for i, k in zip(members, sizes)])
-        inv, tries = _cholesky_inverse(torch.cat([flats[i] for i in members]), damping.to(flats[members[0]].device),
-                                       max_retries)
+        damping = torch.cat([_block_damping(factors[i][2], *factors[i][0].shape[:2], device) for i in members])
+        inv, tries = _damped_power(torch.cat([flats[i] for i in members]), damping, max_retries, root)
         used_by = torch.stack([t.max() for t in tries.split(sizes)]).tolist()  # one host read per block size
         for i, inv_i, used in zip(members, inv.split(sizes), used_by):
             if used <= max_retries:
@@ -85,12 +119,12 @@ def damped_inverses(factors: list[Factor], max_retries: int = MAX_DAMPING_RETRIE
     return out
 
 
-def damped_inverse(blocks: Tensor, n: int, damping: float, scale: float,
-                   max_retries: int = MAX_DAMPING_RETRIES) -> tuple[Tensor, int]:
+def damped_inverse(blocks: Tensor, n: int, damping: float | Tensor, scale: float,
+                   max_retries: int = MAX_DAMPING_RETRIES, root: int = 1) -> tuple[Tensor, int]:
     """One factor's `damped_inverses`; raises LinAlgError when its blocks still fail after max_retries."""
-    result = damped_inverses([(blocks, n, damping, scale)], max_retries)[0]
+    result = damped_inverses([(blocks, n, damping, scale)], max_retries, root)[0]
     if result is None:
-        raise torch.linalg.LinAlgError(f"Cholesky failed after {max_retries} damping increases")
+        raise torch.linalg.LinAlgError(f"damped factor not positive definite after {max_retries} damping increases")
     return result
 
 

@@ -38,6 +38,7 @@ class ThorLayer:
     next_inverse: int = 0
     refreshes: int = 0
     eigen: EigenState | None = None
+    radial: bool = False  # BatchNorm-fed, so scale-invariant: project_radial drops its update's radial part
     warned: bool = field(default=False, repr=False)
 
     @property
@@ -60,14 +61,17 @@ class ThorLayer:
         """Flops-proportional cost of inverting both factors (blocks * b^3)."""
         return float(sum(s[0] * s[1] * s[2] ** 3 for s in self.factor_shapes()))
 
-    def to_invert(self, damping: float) -> tuple[Factor, Factor]:
-        """A's and G's damped inversions, for `damped_inverses` (which batches every layer's). Conv with T
-        positions per sample (MindSpore's rule): F ~ T * A (x) G, so each factor gets damping sqrt(damping/T) and
-        each inverse the factor sqrt(1/T); T = 1 for linear layers."""
+    def to_invert(self, damping: float, mode: str = "absolute", root: int = 1) -> tuple[Factor, Factor]:
+        """A's and G's damped inversions (to the power -1/`root`), for `damped_inverses` (which batches every
+        layer's). Conv with T positions per sample (MindSpore's rule): F ~ T * A (x) G = (sqrt(T) A) (x)
+        (sqrt(T) G), so the damping is set for the sqrt(T) multiples (absolute: sqrt(damping) on each, i.e.
+        sqrt(damping/T) on each factor; `factor_dampings`) and each power carries T^(-1/(2 root)); T = 1 for
+        linear layers."""
         assert self.A is not None and self.G is not None
-        d, s = math.sqrt(damping / self.T), math.sqrt(1.0 / self.T)
         n_in, n_out = self.sizes
-        return (self.A, n_in, d, s), (self.G, n_out, d, s)
+        d_a, d_g = factor_dampings(self.A, self.G, n_in, n_out, damping, self.T, mode)
+        s = math.sqrt(1.0 / self.T) ** (1.0 / root)  # root 1: sqrt(1/T) exactly (x ** 1.0 is x)
+        return (self.A, n_in, d_a, s), (self.G, n_out, d_g, s)
 
     def eigenbases(self) -> tuple[Tensor, Tensor, int]:
         """EKFAC's refresh: the block eigenbases Q_A, Q_G of the factors (no retries: eigh needs no damping)."""
@@ -98,13 +102,14 @@ class ThorLayer:
         w = grad.reshape(g, grad.shape[0] // g, -1).to(self.A_inv.dtype)
         return precondition(w, self.G_inv, self.A_inv).reshape(grad.shape).to(grad.dtype)
 
-    def precondition_eigen(self, grad: Tensor, damping: float, decay: float, moment_scale: float) -> Tensor:
-        """EKFAC's Q_G (W' / (s + damping)) Q_A^T, its second moment updated first (`eigen.EigenState`)."""
+    def precondition_eigen(self, grad: Tensor, damping: float, decay: float, moment_scale: float,
+                           root: int = 1) -> Tensor:
+        """EKFAC's Q_G (W' / (s + damping)^(1/root)) Q_A^T, its second moment updated first (`eigen.EigenState`)."""
         if self._plain():
             return grad
         g = self.groups
         w = grad.reshape(g, grad.shape[0] // g, -1).to(self.eigen.s.dtype)
-        return self.eigen.precondition(w, damping, decay, moment_scale).reshape(grad.shape).to(grad.dtype)
+        return self.eigen.precondition(w, damping, decay, moment_scale, root).reshape(grad.shape).to(grad.dtype)
 
     def state(self) -> dict:
         state = {k: getattr(self, k) for k in _STATE_KEYS}
@@ -127,6 +132,30 @@ class ThorLayer:
         eigen, n_in, n_out = state.get("eigen"), *self.sizes
         shapes = dict(Q_A=a_shape, Q_G=g_shape, s=torch.Size((self.groups, n_out, n_in)))
         self.eigen = None if eigen is None else EigenState.load(eigen, shapes, device, dtype, f"layer '{self.name}'")
+
+
+def mean_eigenvalues(blocks: Tensor, n: int) -> Tensor:
+    """tr(F) / n of each group's n x n factor F from its (groups, n_blocks, b, b) diagonal blocks, shape (groups,)
+    (the capture's padding is zero, so it adds nothing)."""
+    return blocks.diagonal(dim1=-2, dim2=-1).sum((-2, -1)) / n
+
+
+def factor_dampings(a: Tensor, g: Tensor, n_in: int, n_out: int, damping: float, t: float,
+                    mode: str) -> tuple[float | Tensor, float | Tensor]:
+    """What `damping_mode` `mode` adds to A's and G's diagonals (one number, or one per group) for THOR's damping
+    and T positions per sample: absolute sqrt(damping/T) to each; trace damping x each factor's mean eigenvalue
+    (relative, so T, a factor's scale and the loss's do not change it); pi (Martens & Grosse 2015, 6.3)
+    sqrt(damping/T) times pi on A and over pi on G, pi = sqrt(mean eig A / mean eig G), so each factor is damped
+    in proportion to its own scale with the same product as absolute (pi = 1 where a factor is zero)."""
+    if mode == "absolute":
+        d = math.sqrt(damping / t)
+        return d, d
+    mean_a, mean_g = mean_eigenvalues(a, n_in), mean_eigenvalues(g, n_out)
+    if mode == "trace":
+        return damping * mean_a, damping * mean_g
+    pi = torch.where((mean_a > 0) & (mean_g > 0), (mean_a / mean_g).sqrt(), torch.ones_like(mean_a))
+    d = math.sqrt(damping / t)
+    return pi * d, d / pi
 
 
 def find_layers(model: nn.Module, split_dim: int | None, grad_scale: Callable[[], float],

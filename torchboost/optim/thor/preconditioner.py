@@ -8,7 +8,10 @@ Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get
 per group) and Linear weight gradient becomes (G + sqrt(l) I)^-1 grad (A + sqrt(l) I)^-1 (MindSpore's
 rules: conv 1/T damping, `split_dim` blocks); every other gradient is left as it is. `THOR` is this plus
 MindSpore's momentum update. With `ekfac_decay` set, a refresh keeps the factors' eigenbases instead and every
-update rescales the gradient in them by a running second moment (EKFAC: `eigen`).
+update rescales the gradient in them by a running second moment (EKFAC: `eigen`). Off by default, each raced
+as a variant: `damping_mode` (trace, pi: each factor damped by its own scale), `inverse_root` 2 (the factors'
+inverse square roots, or EKFAC's root of its moment), `project_radial` (a BatchNorm-fed conv's radial part
+removed, per filter, after the preconditioning).
 
 A module called several times per forward pools the statistics of all calls. A module not run with
 gradients on a refresh step has no curvature yet: its gradient stays plain (one-time warning) and its
@@ -32,6 +35,7 @@ from torchboost.optim.thor.args import (PreconditionerArgs, Schedule, ThorOption
 from torchboost.optim.thor.factors import DetachedHook, armed_hook, factor_dtype
 from torchboost.optim.thor.inverse import damped_inverses
 from torchboost.optim.thor.layer import ThorLayer, find_layers
+from torchboost.optim.weight_norm import bn_fed_convs, remove_radial
 
 
 class ThorPreconditioner:
@@ -61,6 +65,10 @@ class ThorPreconditioner:
         # (weight, layer) pairs as a list, not a dict keyed by tensors: torch.compile guards a dict's tensor keys'
         # .grad by identity, and every update's new gradients would recompile the step
         self.layer_of: list[tuple[Tensor, ThorLayer]] = [(l.module.weight, l) for l in self.layers.values()]
+        if self.options.project_radial:
+            fed = {id(c) for c in bn_fed_convs(model)}  # weight_norm's detection: conv -> BatchNorm2d
+            for l in self.layers.values():
+                l.radial = id(l.module) in fed
         self._arm_capture()
 
     _ekfac = property(lambda self: self.options.ekfac_decay is not None, doc="EKFAC's eigenbases, not inverses")
@@ -120,13 +128,15 @@ class ThorPreconditioner:
     def precondition_grads(self, damping: float = 0.0) -> None:
         """Overwrite each preconditioned layer's `.grad` with its preconditioned gradient, from the curvature
         as it is (no refresh: what a compiled step between refreshes runs; `damping` is EKFAC's only)."""
-        decay, moment_scale = self.options.ekfac_decay, self._moment_scale()
+        decay, moment_scale, root = self.options.ekfac_decay, self._moment_scale(), self.options.inverse_root
         for p, layer in self.layer_of:
             if p.grad is not None:
                 if p.grad.is_sparse:
                     raise ConfigError("THOR does not support sparse gradients", "use dense layers")
                 g = (layer.precondition(p.grad) if decay is None
-                     else layer.precondition_eigen(p.grad, damping, decay, moment_scale))
+                     else layer.precondition_eigen(p.grad, damping, decay, moment_scale, root))
+                if layer.radial:  # before the graft, which sizes the direction that is applied
+                    g = remove_radial(g, p)
                 if self.options.graft == "grad":
                     g = g * (p.grad.norm() / g.norm().clamp_min(torch.finfo(g.dtype).tiny))
                 p.grad.copy_(g)
@@ -183,7 +193,8 @@ class ThorPreconditioner:
         if self._ekfac:
             done = [_eigenbases(l) for l in mine]
         else:  # every layer's factors in a few batched inversions, one per block size
-            inverses = damped_inverses([f for l in mine for f in l.to_invert(damping)])
+            mode, root = self.options.damping_mode, self.options.inverse_root
+            inverses = damped_inverses([f for l in mine for f in l.to_invert(damping, mode, root)], root=root)
             done = [None if a is None or g is None else (a[0], g[0], a[1] + g[1])
                     for a, g in zip(inverses[::2], inverses[1::2])]
         by_layer = dict(zip(map(id, mine), done))
