@@ -263,3 +263,29 @@ def test_a_store_named_only_by_the_saved_config_is_not_followed_on_resume(tmp_pa
     assert not outside.exists()  # nothing created or written there
     run = only_run(client_for(out))  # the run's own store continued
     assert steps(client_for(out), run.info.run_id, "val_top_1_accuracy") == [1, 2]
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///{outside}/mlflow.db", "file://{outside}/mlruns", "{outside}/mlruns",
+                                 "http://127.0.0.1:9", "http://user:pw@127.0.0.1:9/api", "databricks",
+                                 "sqlite:///{outside}/" + "a" * 300 + ".db", "file:///{outside}/x\nerror: forged"])
+def test_no_store_a_resumed_file_names_is_touched(tmp_path, monkeypatch, one_thread, capsys, uri):
+    """The generator over store URIs saved in a checkpoint (local paths, files, loopback servers with and without
+    credentials, a hosted scheme, long and control-character names): every resume logs to the run's own store
+    and leaves the named place alone."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out, outside = tmp_path / "run", tmp_path / "outside"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "512", "-o", str(out),
+                 "--set", "train.loggers=[csv,mlflow]", *FAST]) == 0
+    (ckpt,) = (out / "ckpt").glob("mnist_cnn-1_*.pt")
+    state = torch.load(ckpt, weights_only=True)
+    state["config"]["train"]["mlflow"]["tracking_uri"] = uri.format(outside=outside)
+    torch.save(state, ckpt)
+    capsys.readouterr()
+    assert main(["train", "--force", "--resume", str(out), "--epochs", "2", *FAST]) == 0
+    said = capsys.readouterr().out
+    assert not outside.exists() and sorted(os.listdir(tmp_path)) == ["outside", "run"][1:]
+    assert "a file never chooses where data goes" in said and "\nerror: forged" not in said
+    assert steps(client_for(out), only_run(client_for(out)).info.run_id, "val_top_1_accuracy") == [1, 2]
