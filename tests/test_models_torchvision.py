@@ -6,6 +6,7 @@ a step, and run under THOR."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,23 +16,12 @@ import torch
 from torchboost.models import create_model
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "torchvision_zoo.json").read_text())["models"]
-
-
-def fixed_weights(state: dict) -> dict:
-    """scripts/make_zoo_fixtures.py's rule, written again here: the same tensors from position and name."""
-    out = {}
-    for k, (name, t) in enumerate(state.items()):
-        if not t.is_floating_point():
-            out[name] = torch.zeros_like(t)
-            continue
-        wave = torch.sin(0.37 * torch.arange(t.numel(), dtype=torch.float64) + k).reshape(t.shape)
-        if name.endswith("running_var"):
-            out[name] = (1.25 + 0.25 * wave).float()
-        elif name.endswith("layer_scale"):
-            out[name] = torch.full_like(t, 0.5)
-        else:
-            out[name] = (0.05 * wave).float()
-    return out
+# the fixture script's weight rule itself (a copy could drift from the rule the fixture was made with)
+_spec = importlib.util.spec_from_file_location("make_zoo_fixtures", Path(__file__).parents[1] / "scripts" /
+                                               "make_zoo_fixtures.py")
+_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_script)
+fixed_weights = _script.fixed_weights
 
 
 @pytest.mark.parametrize("name", list(FIXTURE))

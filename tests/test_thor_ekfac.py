@@ -61,9 +61,10 @@ def layer_case(kind: str, split_dim: int | None, a_block: int | None = None):
     return groups, n_in, n_out, t, a_block, block_size(n_out, split_dim), w.shape
 
 
-def dense_ekfac(a_bd, g_bd, t, grads, damping, beta, scale):
+def dense_ekfac(a_bd, g_bd, t, grads, damping, beta, scale, root: int = 1):
     """Preconditioned gradients of successive updates, one group, as vectors over the full Kronecker
-    eigenbasis (row-major vec: vec(Q_G^T W Q_A) = kron(Q_G, Q_A)^T vec(W))."""
+    eigenbasis (row-major vec: vec(Q_G^T W Q_A) = kron(Q_G, Q_A)^T vec(W)), divided by (s + damping)^(1/root)
+    (root 2: Adam's root of the second moment)."""
     la, qa = np.linalg.eigh(a_bd)
     lg, qg = np.linalg.eigh(g_bd)
     q = np.kron(qg, qa)
@@ -73,7 +74,7 @@ def dense_ekfac(a_bd, g_bd, t, grads, damping, beta, scale):
         r = q.T @ w.reshape(-1)
         if k:
             s = beta * s + (1 - beta) * scale * r ** 2
-        out.append((q @ (r / (s + damping))).reshape(w.shape))
+        out.append((q @ (r / (s + damping) ** (1 / root))).reshape(w.shape))
     return out
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim import _muon
 
+from test_thor_ekfac import dense_ekfac
 from thor_nets import dense_factors
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OptimizerArgs, build_optimizer
@@ -152,23 +153,6 @@ def test_default_options_give_the_update_before_them_bit_for_bit(explicit, split
         assert torch.equal(got.get_submodule(name).weight.grad, before), name
 
 
-def dense_ekfac_root2(A, G, t, grads, scale) -> list[np.ndarray]:
-    """EKFAC with Adam's root, one group, over successive gradients of fixed factors: rotated into the whole
-    factors' eigenbasis (np.kron), divided by sqrt(s + damping); s starts at the T-scaled Kronecker eigenvalues
-    and takes beta s + (1 - beta) scale r^2 from the second update on."""
-    la, qa = np.linalg.eigh(A)
-    lg, qg = np.linalg.eigh(G)
-    q = np.kron(qg, qa)
-    s = t * np.kron(np.clip(lg, 0, None), np.clip(la, 0, None))
-    out = []
-    for k, w in enumerate(grads):
-        r = q.T @ w.reshape(-1)
-        if k:
-            s = BETA * s + (1 - BETA) * scale * r ** 2
-        out.append((q @ (r / np.sqrt(s + LAM))).reshape(w.shape))
-    return out
-
-
 def test_soap_muon_is_muon_on_ekfacs_adam_rooted_direction():
     """(c) thor_muon + ekfac_decay + inverse_root 2: each update's preconditioned gradient is EKFAC's direction
     divided by the root of its second moment (two updates: the fresh moment, then one that took the gradient),
@@ -190,7 +174,7 @@ def test_soap_muon_is_muon_on_ekfacs_adam_rooted_direction():
         for name in WEIGHTS:
             A, G, t, _ = factors[name]
             grads[name].append(stats[name][3])
-            want[name] = dense_ekfac_root2(A, G, t, grads[name], scale=n)[-1]  # moment scale N / loss_scale^2
+            want[name] = dense_ekfac(A, G, t, grads[name], LAM, BETA, n, root=2)[-1]  # moment scale N / loss_scale^2
             np.testing.assert_allclose(weight_grad(net, name), want[name], rtol=1e-10, atol=1e-14)
         if k == 0:  # momentum 0 and no Nesterov: Muon's buffer is the gradient itself
             coefficients = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)

@@ -243,28 +243,6 @@ def test_a_default_run_imports_no_mlflow_and_the_logger_writes_nothing_in_home(t
     assert (tmp_path / "run" / "mlflow" / "mlflow.db").is_file()
 
 
-def test_a_store_named_only_by_the_saved_config_is_not_followed_on_resume(tmp_path, monkeypatch, one_thread, capsys):
-    """The store a checkpoint or config.yaml names is data from a file: the resume logs to the run's own store,
-    says so, and leaves the named one untouched; the user's own --set is followed."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    out, outside = tmp_path / "run", tmp_path / "outside"
-    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "512", "-o", str(out),
-                 "--set", "train.loggers=[csv,mlflow]", *FAST]) == 0
-    (ckpt,) = (out / "ckpt").glob("mnist_cnn-1_*.pt")
-    import torch
-
-    state = torch.load(ckpt, weights_only=True)  # a file edited to send elsewhere
-    state["config"]["train"]["mlflow"]["tracking_uri"] = f"sqlite:///{outside}/mlflow.db"
-    torch.save(state, ckpt)
-    assert main(["train", "--force", "--resume", str(out), "--epochs", "2", *FAST]) == 0
-    said = capsys.readouterr().out
-    assert "a file never chooses where data goes: the run's own store is used" in said
-    assert not outside.exists()  # nothing created or written there
-    run = only_run(client_for(out))  # the run's own store continued
-    assert steps(client_for(out), run.info.run_id, "val_top_1_accuracy") == [1, 2]
-
-
 @pytest.mark.parametrize("uri", ["sqlite:///{outside}/mlflow.db", "file://{outside}/mlruns", "{outside}/mlruns",
                                  "http://127.0.0.1:9", "http://user:pw@127.0.0.1:9/api", "databricks",
                                  "sqlite:///{outside}/" + "a" * 300 + ".db", "file:///{outside}/x\nerror: forged"])
