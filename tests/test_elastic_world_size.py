@@ -41,7 +41,7 @@ def test_a_run_resumed_on_another_process_count_stops_with_one_line(tmp_path):
 
     for how, extra, env in (("--resume", ["--resume", str(out)], {}),
                             ("a torchrun restart", [], {"TORCHELASTIC_RESTART_COUNT": "1"})):  # = --resume auto
-        one = run([*TRAIN, "--epochs", "2", "-o", str(out), *extra], **env)
+        one = run([*TRAIN, "--epochs", "2", "--force", "-o", str(out), *extra], **env)  # force: a longer schedule
         assert one.returncode == 2, how
         assert one.stderr.splitlines() == [
             f"error: {ckpt} was trained with 2 process(es), this run has 1 (the data order, the global batch of 64 "

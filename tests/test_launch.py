@@ -34,7 +34,8 @@ def test_launch_refuses_a_finished_run_before_starting_any_process(tmp_path, cap
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.splitlines() == [
         f"error: {out}/ckpt/mnist_cnn-1_44.pt has already trained 1 epoch(s) and train.epochs=1: there is nothing "
-        "left to train — give more epochs to continue (--epochs N)"]
+        "left to train — to train on, give more epochs and --force (--epochs N --force): the lr schedule is then "
+        "recomputed for N epochs, and the lr it continues at is printed"]
 
 
 def test_a_restart_of_a_job_started_with_overwrite_continues_it(tmp_path, monkeypatch, capsys):

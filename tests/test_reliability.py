@@ -137,9 +137,9 @@ def run_copy(base_run, tmp_path) -> Path:
     return out
 
 
-def resume(capsys, out: Path, *extra, epochs: int = 2, ckpt: str = "mnist_cnn-1_44.pt"):
+def resume(capsys, out: Path, *extra, epochs: int = 2, ckpt: str = "mnist_cnn-1_44.pt", force: bool = True):
     """Continues the 1-epoch base run for more epochs: --force, as the lr schedule is recomputed."""
-    return train(capsys, out, "--resume", out / "ckpt" / ckpt, "--force", *extra, epochs=epochs)
+    return train(capsys, out, "--resume", out / "ckpt" / ckpt, *(["--force"] if force else []), *extra, epochs=epochs)
 
 
 # --- resume, history, temp files ----------------------------------------------------------------------
@@ -708,7 +708,7 @@ def test_predict_topk_below_one(base_run, capsys, k):
 def test_resuming_an_sgd_checkpoint_with_another_optimizer(run_copy, capsys, optim):
     before = snapshot(run_copy)
     unset = ["--set", "optim.momentum=null"] if optim == "adamw" else []  # AdamW takes no momentum
-    code, _, err = resume(capsys, run_copy, "--set", f"optim.name={optim}", *unset)
+    code, _, err = resume(capsys, run_copy, "--set", f"optim.name={optim}", *unset, force=False)
     one_line_error(code, err, run_copy / "ckpt" / "mnist_cnn-1_44.pt", "optim.name=sgd", optim)
     assert snapshot(run_copy) == before
 

@@ -49,7 +49,8 @@ def test_eval_reads_the_split_it_names_and_says_which_folder(run, data, tmp_path
     ckpt = str(run / "ckpt/resnet20-best.pt")
     capsys.readouterr()
     assert main(["eval", "--checkpoint", ckpt, "--split", "test"]) == 0
-    head, scores = capsys.readouterr().out.splitlines()
+    head, scores, *per_class = capsys.readouterr().out.splitlines()
+    assert per_class[0].startswith("per class: macro F1")
     assert head == f"evaluated {data / 'test'} (folder): 12 images" and "samples=12" in scores  # not val/'s 18
     assert "top_5" not in scores  # 3 classes: top-5 always reads 100%, left out as train leaves it out
     assert main(["eval", "--checkpoint", ckpt]) == 0  # no --split: the run's evaluation split, val/
