@@ -60,8 +60,8 @@ def run_example(epochs: int, seed: int) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_python_example_reaches_the_documented_accuracy(seed, tmp_path, monkeypatch):
+@pytest.mark.parametrize("seed", [0])  # seeds 1, 2: the example is the CLI job bit for bit (test below), and
+def test_python_example_reaches_the_documented_accuracy(seed, tmp_path, monkeypatch):  # the CLI's are on results
     assert "(≥ 97% test top-1 after 15 epochs;" in README.read_text()
     monkeypatch.chdir(tmp_path)
     assert run_example(15, seed) >= 0.97
