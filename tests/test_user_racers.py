@@ -123,3 +123,17 @@ def test_a_schedule_free_racer_holds_its_lr_after_the_warm_up():
     last = {l.racer: l.optimizer.param_groups[0]["lr"] for l in lanes}
     assert last["sgd_schedulefree"] == pytest.approx(0.5) and last["sgd"] < 0.01
     assert all(l.history[-1]["val_top_1_accuracy"] > 0.2 for l in lanes)
+
+
+def test_a_soap_run_is_not_resumed_and_says_why(tmp_path, capsys):
+    pytest.importorskip("heavyball")
+    from torchboost.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "512", "--set", "optim.name=soap",
+                 "--set", "optim.momentum=null", "-o", str(out), "--set", "train.progress_bar=false"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "optim.name=soap keeps optimizer state torchboost cannot check" in err and "\n" not in err
+    assert "unmodified checkpoint" not in err and "train.init_weights=" in err

@@ -59,6 +59,9 @@ class OptimizerEntry:
     weight_decay_groups: bool = False  # honours optim.weight_decay_groups (per-layer patterns)
     decay_bn_and_bias: bool = False  # honours optim.decay_bn_and_bias (else 1-D parameters are never decayed)
     package: str | None = None  # the optional package it is built from (the `optimizers` extra installs it)
+    # whether a checkpoint's optimizer state can be checked and restored (train/checkpoint.check_optimizer_state
+    # knows buffers of a parameter's size; SOAP's per-layer eigenbases are not): False refuses --resume plainly
+    resumable: bool = True
 
 
 OPTIMIZERS: dict[str, OptimizerEntry] = {}
@@ -214,4 +217,4 @@ register(OptimizerEntry("adamw_schedulefree", "schedule-free AdamW (Defazio et a
                         _adamw_schedulefree, weight_decay_groups=True, decay_bn_and_bias=True, package="schedulefree"))
 register(OptimizerEntry("soap", "SOAP (Vyas et al. 2024; package heavyball): Adam in the eigenbasis of Shampoo's "
                         "Kronecker-factored preconditioner", _soap, weight_decay_groups=True, decay_bn_and_bias=True,
-                        package="heavyball"))
+                        package="heavyball", resumable=False))

@@ -25,6 +25,7 @@ from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_bo
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError
 from torchboost.fileio import cache_dir
+from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.build import (build_ema, build_grad_scaler, build_loss, build_model, optimizer_from_config,
                                      build_schedule, effective_lr, global_batch)
 from torchboost.recipe.callbacks import build_callbacks
@@ -144,6 +145,10 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     if resume:  # read once, checked before the output folder is touched, restored by Model
         ckpt = load_checkpoint(resume, map_location=device)
         check_same_run(ckpt, resume, run_cfg)
+        if not get_optimizer(run_cfg.optim.name).resumable:
+            raise ConfigError(f"optim.name={run_cfg.optim.name} keeps optimizer state torchboost cannot check and "
+                              f"restore (per-layer eigenbases), so {resume} cannot be resumed",
+                              f"start a new run from its weights with --set train.init_weights={resume}")
         check_same_world(ckpt, resume, run_cfg, info.world_size)
         check_classes_unchanged(ckpt, resume, list(train_ds.classes))
         check_epochs_left(ckpt, resume, run_cfg.train.epochs)
