@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bounded import within
 from test_trust import cli, tree_digest
 
 onnx = pytest.importorskip("onnx")
@@ -523,9 +523,9 @@ def test_random_byte_flips_are_a_prediction_or_one_line(place):
 
 def test_a_graph_that_runs_too_long_is_stopped_at_the_deadline(place, monkeypatch):
     monkeypatch.setattr(onnxproc, "RUN_SECONDS", 1.0)
-    start = time.monotonic()
-    err = refused_model(place, slow_model())
-    assert "did not finish running the model within 1 s" in err and time.monotonic() - start < 30
+    with within(30, "a 1 s deadline"):  # fails while the call still runs, not after it returns
+        err = refused_model(place, slow_model())
+    assert "did not finish running the model within 1 s" in err
 
 
 def test_ctrl_c_ends_a_long_run_at_once_and_leaves_no_process(place, monkeypatch):
@@ -535,12 +535,11 @@ def test_ctrl_c_ends_a_long_run_at_once_and_leaves_no_process(place, monkeypatch
     (place / "slow.onnx").write_bytes(slow_model().SerializeToString())
     timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
-    start = time.monotonic()
-    try:
-        code, out, err = cli("predict", "--checkpoint", place / "slow.onnx", place / "img.png", seconds=60)
+    try:  # the alarm is the bound: Ctrl-C at 2 s must end the command well before 10 s
+        code, out, err = cli("predict", "--checkpoint", place / "slow.onnx", place / "img.png", seconds=10)
     finally:
         timer.cancel()
-    assert code == 130 and "interrupted" in err and not out and time.monotonic() - start < 10
+    assert code == 130 and "interrupted" in err and not out
     assert started and all(p.poll() is not None for p in started)  # the child was killed, not left running
 
 
