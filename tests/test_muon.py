@@ -53,7 +53,7 @@ def test_updates_equal_torch_muon_on_2d_views_and_torch_adamw():
     head = [ref.conv1.weight, ref.fc.weight]
     biases = [ref.conv1.bias, ref.conv2.bias, ref.fc.bias]
     ref_adamw = torch.optim.AdamW([{"params": head}, {"params": biases, "weight_decay": 0.0}], lr=3e-3,
-                                  betas=(0.8, 0.9), weight_decay=0.01)
+                                  betas=(0.8, 0.9), weight_decay=0.01, fused=True)  # as Muon runs it
     for k in range(3):
         g = torch.Generator().manual_seed(k)
         x, y = torch.randn(8, 1, 28, 28, generator=g), torch.randint(0, 10, (8,), generator=g)

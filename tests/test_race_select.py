@@ -84,7 +84,7 @@ def test_selection_takes_each_optimizers_best_budget_and_lr(tmp_path):
             run("sgd@10", 0.2, 0, [0.2, 0.2, 0.2, 0.2]), run("muon", 0.02, 0, [0.96, 0.97])]
     picks = {s.optimizer: s for s in selections(read_race(race_json(tmp_path / "r.json", runs=runs)), "r.json")}
     assert (picks["sgd"].lr, picks["sgd"].epochs, picks["sgd"].racer) == (0.05, 8, "sgd@8")
-    assert (picks["muon"].lr, picks["muon"].epochs) == (0.02, None)
+    assert (picks["muon"].lr, picks["muon"].epochs, picks["muon"].racer) == (0.02, 2, "muon@2")  # the race's epochs
 
 
 def test_a_configuration_that_collapsed_after_crossing_the_target_is_not_selected(tmp_path):
@@ -144,15 +144,20 @@ def test_confirmation_must_use_fresh_seeds_and_the_same_task(tmp_path):
 
 
 def test_pooling_needs_every_racer_in_every_file_and_counts_a_run_once(tmp_path):
+    """On the test split every file must race every racer; stages of one selection need not."""
     a = race_json(tmp_path / "a.json", runs=[run("sgd", 0.1, 0, [0.5, 0.9]), run("muon", 0.02, 0, [0.6, 0.95])])
     b = race_json(tmp_path / "b.json", runs=[run("sgd", 0.1, 1, [0.4, 0.8]), run("muon", 0.02, 1, [0.7, 0.96]),
                                              run("sgd", 0.1, 0, [0.1, 0.1])])  # seed 0 again: counted once
     lanes = pooled_lanes([a, b])
     assert sorted((l.racer, l.seed) for l in lanes) == [("muon", 0), ("muon", 1), ("sgd", 0), ("sgd", 1)]
     assert next(l for l in lanes if (l.racer, l.seed) == ("sgd", 0)).history[-1]["val_top_1_accuracy"] == 0.9
-    alone = race_json(tmp_path / "c.json", runs=[run("muon", 0.02, 2, [0.7, 0.97])])
-    with pytest.raises(ConfigError, match="differ in sgd"):
-        pooled_lanes([a, alone])
+    tested = [race_json(tmp_path / f"t{i}.json", holdout=0, runs=runs) for i, runs in enumerate((
+        [run("sgd", 0.1, 0, [0.5, 0.9]), run("muon", 0.02, 0, [0.6, 0.95])], [run("muon", 0.02, 2, [0.7, 0.97])]))]
+    with pytest.raises(ConfigError, match="differ in sgd"):  # a racer raced alone saw another load
+        pooled_lanes(tested)
+    # stages of one selection race other racers by design (a budget grid, a grid extended at its edge)
+    stage = race_json(tmp_path / "c.json", runs=[run("muon", 0.05, 0, [0.7, 0.97])])
+    assert sorted((l.racer, l.lr) for l in pooled_lanes([a, stage])) == [("muon", 0.02), ("muon", 0.05), ("sgd", 0.1)]
     other_split = race_json(tmp_path / "d.json", holdout=0, runs=[run("sgd", 0.1, 3, [0.5, 0.9]),
                                                                run("muon", 0.02, 3, [0.6, 0.95])])
     with pytest.raises(ConfigError, match="raced holdout 0"):
@@ -292,3 +297,22 @@ def test_a_confirmation_on_a_folder_reads_test_and_every_figure_names_it(tmp_pat
                  str(tmp_path / "c2")]) == 2
     err = capsys.readouterr().err.strip()
     assert "has no test split" in err and "\n" not in err
+
+
+def test_a_grid_whose_winner_sits_at_its_edge_names_the_next_lr_out():
+    from torchboost.recipe.race_select import grid_edges
+
+    def lane(name, lr, accs):
+        hist = [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]
+        return Lane(name, lr, 0, None, None, None, seconds=float(len(accs)), history=hist)
+
+    lanes = [lane("sgd", 0.05, [0.5, 0.8]), lane("sgd", 0.1, [0.6, 0.9]), lane("sgd", 0.2, [0.95, 0.96]),
+             lane("muon", 0.01, [0.95, 0.96]), lane("muon", 0.02, [0.6, 0.9]),
+             lane("adamw", 0.001, [0.5, 0.9]), lane("adamw", 0.002, [0.95, 0.96]), lane("adamw", 0.005, [0.5, 0.9]),
+             lane("sgd@5", 0.2, [0.95, 0.96])]  # one lr raced: no grid to extend
+    lines = grid_edges(summarize(lanes, (0.9, 0.95)), lanes)
+    assert lines == [
+        "grid edge: sgd chose lr 0.2, the highest it raced: race --lr 'sgd=0.4' in another selection stage and pool "
+        "it (--report) before confirming",
+        "grid edge: muon chose lr 0.01, the lowest it raced: race --lr 'muon=0.005' in another selection stage and "
+        "pool it (--report) before confirming"]

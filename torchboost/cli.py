@@ -313,7 +313,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
     from .recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
     from .recipe.race_select import (check_fresh_seeds, check_same_task, confirmation_targets, fixed_targets,
-                                     fixed_targets_line, frozen_racers, read_race, selections)
+                                     fixed_targets_line, frozen_racers, grid_edges, read_race, selections)
     from .train.device import device_name
 
     if args.report:
@@ -405,7 +405,7 @@ def _cmd_race(args: argparse.Namespace) -> int:
             print(headline(summary, racer.name))
     if args.holdout:  # the selection ends: the confirmation's targets are fixed now, in its race.json
         meta["fixed_targets"] = fixed_targets(summary)
-        print(fixed_targets_line(meta["fixed_targets"]))
+        print("\n".join([*grid_edges(summary, lanes), fixed_targets_line(meta["fixed_targets"])]))
     json_path, png = save(lanes)
     print(f"results: {json_path}; plot: {png}")
     if args.trace:
@@ -422,15 +422,15 @@ def _race_report(args: argparse.Namespace) -> int:
     """`race --report FILE...`: the table of saved races, pooled (`recipe.race_select.pooled_lanes`), without
     training; with --output also the pooled race.json and race.png."""
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
-    from .recipe.race_select import (fixed_targets, fixed_targets_line, pooled_lanes, pooled_settings, raced_targets,
-                                     read_race)
+    from .recipe.race_select import (fixed_targets, fixed_targets_line, grid_edges, pooled_lanes, pooled_settings,
+                                     raced_targets, read_race)
 
     lanes = pooled_lanes([Path(p) for p in args.report])
     settings = read_race(Path(args.report[0]))["settings"]
     if settings.get("holdout"):  # pooled selections: the confirmation's targets from every pooled run
         pooled = summarize(lanes, raced_targets(settings, args.report[0]))
         settings = {**settings, "fixed_targets": fixed_targets(pooled)}
-        print(fixed_targets_line(settings["fixed_targets"]))
+        print("\n".join([*grid_edges(pooled, lanes), fixed_targets_line(settings["fixed_targets"])]))
     targets = tuple(args.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
     on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
     summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}

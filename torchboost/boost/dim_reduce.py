@@ -54,7 +54,6 @@ class DimReduce(TrainerProtocol, torch.optim.Optimizer):
 
     needs_closure = True  # torchboost.optim.protocol: TrainStep passes a closure re-running the forward
     compilable = False
-    maskable = False  # its line search and projection state change on the host
 
     def __init__(self, params: Iterable[nn.Parameter], pca_mat: torch.Tensor, rho: float = 0.55,
                  gamma: float = 0.9, alpha: float = 0.001, sigma: float = 0.4, max_search: int = 3,

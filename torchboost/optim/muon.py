@@ -22,9 +22,10 @@ from torch.optim.adamw import adamw as _adamw_update
 
 from torchboost.errors import ConfigError
 from torchboost.optim.closure import evaluate_closure
+from torchboost.optim.protocol import TrainerProtocol
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class MuonAdamW(TrainerProtocol, torch.optim.Optimizer):
     """Groups with `use_muon=True` get Muon (momentum, nesterov, Newton-Schulz orthogonalisation of the 2-D
     view, torch's lr adjustment sqrt(max(1, out/in)), decoupled weight decay); the others AdamW (`betas`,
     `eps`, decoupled weight decay).
@@ -33,6 +34,10 @@ class MuonAdamW(torch.optim.Optimizer):
     divided by the root of its running mean square (EMA with factor row_beta), then the update is scaled back
     to the orthogonalised update's Frobenius norm, so the step size and lr grid stay Muon's and only how the
     step spreads over neurons changes (the paper rescales to 0.2 sqrt(out*in) instead)."""
+
+    # every value its step writes is a tensor of the state (momentum, AdamW's moments and step counter, the rows'
+    # second moments) on its parameter's device: an undone update restores them all (train.undo)
+    maskable = True
 
     def __init__(self, groups: list[dict], lr: float, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
@@ -101,14 +106,19 @@ class MuonAdamW(torch.optim.Optimizer):
         for p in params:
             state = self.state[p]
             if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
+            elif state["step"].device != p.device:  # a checkpoint loaded it on the CPU (torch's rule for "step")
+                state["step"] = state["step"].to(p.device)
         st = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
+        # fused (torch's one-kernel AdamW, on the CPU and GPUs): the step counter stays beside the weights and the
+        # update never reads it on the host (the single-tensor path reads it every update: a wait on a GPU)
         _adamw_update(params, [p.grad for p in params], [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st],
                       [], [s["step"] for s in st], amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                      weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                      fused=True)
 
 
 def muon_split(model: nn.Module, input_layer: str = "adamw") -> tuple[list[Tensor], list[Tensor], list[Tensor]]:

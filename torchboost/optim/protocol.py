@@ -5,8 +5,10 @@
 - `step()` / `step(closure)`: torch's. `needs_closure` says the step re-evaluates the loss itself (DimReduce's
   line search) and must be given a closure.
 - `compilable`: whether the step may be compiled with the rest of the update (`train.compile`).
-- `maskable`: whether an applied step can be undone by restoring the parameters and the `state_dict()`
-  tensors (`train.undo`: the skip policy and overflow checks without a host read).
+- `maskable`: whether an applied step can be undone on the device by restoring the parameters, the state and
+  param-group tensors (`train.undo`: the skip policy and overflow checks without a host read). Declared, never
+  assumed: off for any optimizer that does not say so, on for torch's own known to keep their state in those
+  tensors on the parameters' device (`maskable_of`).
 - `compile_own_step(mode)` / `eager_forward()`: an optimizer that compiles part of its own step (THOR: the
   update between refreshes) and needs the forward eager on some updates (THOR's refreshes capture statistics).
 - `swaps_weights`, `train_weights()` / `eval_weights()`: the step moves other parameters than the weights to
@@ -41,9 +43,10 @@ class TrainerProtocol:
     # whether TrainStep may torch.compile the optimizer's step (StepOptions.compile): not for optimizers that
     # hook the model (THOR's capture hooks) or re-run the forward themselves
     compilable: ClassVar[bool] = True
-    # whether TrainStep may undo an applied step on the device by restoring the parameters and the tensors of
-    # state_dict(): not for optimizers with state elsewhere (THOR's factors and refresh counters, DimReduce's)
-    maskable: ClassVar[bool] = True
+    # whether TrainStep may undo an applied step on the device by restoring the parameters and the state and
+    # param-group tensors: only where every value the step writes is such a tensor on its parameter's device (not
+    # THOR's factors and refresh counters, DimReduce's line search, schedule-free's group numbers)
+    maskable: ClassVar[bool] = False
     # whether the parameters the step moves differ from the weights to evaluate (train_weights / eval_weights swap
     # them): the trainer then recomputes BatchNorm's statistics at the evaluated weights
     swaps_weights: ClassVar[bool] = False
@@ -75,6 +78,25 @@ _PLAIN = TrainerProtocol()
 def protocol_of(optimizer: torch.optim.Optimizer) -> TrainerProtocol:
     """The optimizer's own answers when it declares them, else a plain optimizer's."""
     return optimizer if isinstance(optimizer, TrainerProtocol) else _PLAIN
+
+
+# torch's optimizers whose every state value is a tensor the step writes in place (the exact classes: a subclass
+# may keep state elsewhere); Adam's and AdamW's step counter lives on the CPU unless fused or capturable, where an
+# undo's flag would be copied to the host and waited for
+MASKABLE_TORCH: dict[type, tuple[str, ...]] = {torch.optim.SGD: (), torch.optim.Adam: ("fused", "capturable"),
+                                               torch.optim.AdamW: ("fused", "capturable")}
+
+
+def maskable_of(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether an applied step of `optimizer` can be undone on the device (`TrainerProtocol.maskable`): its own
+    declaration, else True only for torch's optimizers in MASKABLE_TORCH (with their state on the device)."""
+    if isinstance(optimizer, TrainerProtocol):
+        return optimizer.maskable
+    needs = MASKABLE_TORCH.get(type(optimizer))
+    if needs is None:
+        return False
+    on_cpu = all(p.device.type == "cpu" for g in optimizer.param_groups for p in g["params"])
+    return not needs or on_cpu or any(optimizer.defaults.get(k) for k in needs)
 
 
 def lr_scale(group: dict) -> float:

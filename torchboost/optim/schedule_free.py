@@ -17,7 +17,6 @@ from torchboost.optim.protocol import TrainerProtocol
 class _ScheduleFree(TrainerProtocol):
     swaps_weights = True
     compilable = False  # the step reads and writes host numbers in its groups (k, weight_sum, lr_max) every update
-    maskable = False  # those group numbers are not state_dict() tensors: an undone step would leave them moved
 
     def train_weights(self) -> None:
         self.train()

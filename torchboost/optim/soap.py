@@ -27,7 +27,6 @@ class SOAP(heavyball.SOAP, TrainerProtocol):
     with the trainer's protocol."""
 
     compilable = False  # its step keeps host-side bookkeeping (preconditioner schedule, per-index state dicts)
-    maskable = False  # its state is nested per-parameter dicts, not the flat state_dict() tensors an undo restores
     consume_grad = False  # torch's convention: step() leaves .grad for the caller (clipping logs, traces, zero_grad)
 
     def __init__(self, *args, precondition_frequency: int = PRECONDITION_FREQUENCY, **kwargs) -> None:

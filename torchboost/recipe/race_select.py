@@ -35,7 +35,7 @@ MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
 @dataclass(frozen=True)
 class Selection:
-    """One optimizer's frozen configuration: its lr and epoch budget (None: the race's)."""
+    """One optimizer's frozen configuration: its lr and epoch budget (None: the race's, in a file without one)."""
 
     optimizer: str
     lr: float
@@ -130,7 +130,9 @@ def selections(data: dict, source: str) -> list[Selection]:
             raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
                               "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
         key = reach_key({float(t): rows[racer] for t, rows in targets.items()})
-        pick = Selection(name, lr, int(budget) if at else None)
+        # a racer without its own budget trained the selection's epochs: frozen at that budget, so a confirmation
+        # run with another --epochs (the recipe's, by default) races what was selected
+        pick = Selection(name, lr, int(budget) if at else settings.get("epochs"))
         if name not in best or key < best[name][0]:
             best[name] = (key, pick)
     return [s for _, s in best.values()]
@@ -148,8 +150,8 @@ def raced_targets(settings: dict, source: str) -> tuple[float, ...]:
 
 
 def frozen_racers(chosen: Sequence[Selection], cfg: Config) -> list[Racer]:
-    """Each selection as one racer at its lr, on the budget its selection chose (one selected without a budget
-    races the race's epochs, as in the selection)."""
+    """Each selection as one racer at its lr, on the budget its selection chose (`selections`: its own or the
+    selection race's epochs)."""
     return [budget_racers(variant_racer(s.optimizer, cfg, (s.lr,)), [s.epochs] if s.epochs else None)[0]
             for s in chosen]
 
@@ -230,7 +232,8 @@ def check_fresh_seeds(data: dict, source: str, seeds: range) -> None:
 
 def pooled_lanes(paths: Sequence[Path]) -> list[Lane]:
     """The runs of several race.json files as one race: only when every file raced the same racers (a racer
-    raced in one process alone saw another machine load), each (racer, lr, seed) run counted once."""
+    raced in one process alone saw another machine load) or every file is a stage of one selection (`--holdout`),
+    each (racer, lr, seed) run counted once."""
     files = [(p, read_race(p)) for p in paths]
     for path, data in files[1:]:  # one task, one evaluation split (a selection never pools with a confirmation)
         for key in ("recipe", "overrides", "holdout", "epochs"):
@@ -238,8 +241,13 @@ def pooled_lanes(paths: Sequence[Path]) -> list[Lane]:
                 raise ConfigError(f"{path} raced {key} {data['settings'].get(key)!r}, {files[0][0]} "
                                   f"{files[0][1]['settings'].get(key)!r}", "pool only races of one task")
     racers = [frozenset(str(r.get("optimizer")) for r in data["runs"] if isinstance(r, dict)) for _, data in files]
+    # stages of one selection (a budget grid at the lrs an lr grid chose, a grid extended at its winning edge) race
+    # other racers by design: each stage's processes race the same racers (so each saw the same load), and
+    # a selection compares a racer's own configurations, never a time across racers
+    stages = all(isinstance(data["settings"].get("holdout"), int) and data["settings"]["holdout"] > 0
+                 for _, data in files)
     for (path, _), mine in zip(files, racers):
-        if mine != racers[0]:
+        if mine != racers[0] and not stages:
             odd = sorted(mine ^ racers[0])
             raise ConfigError(f"{path} raced {sorted(mine)}, {files[0][0]} raced {sorted(racers[0])} "
                               f"(differ in {', '.join(odd)})", "pool only races of the same racers (race the "
@@ -282,3 +290,19 @@ def fixed_targets_line(fixed: dict) -> str:
     return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
             f"{fixed['rival_median_final']:.1%} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
             f"{note}); --frozen races these")
+
+
+def grid_edges(summary: dict, lanes: Sequence[Lane]) -> list[str]:
+    """One line per racer whose chosen lr is the lowest or highest of the two or more it raced: the best may lie
+    beyond the grid, so the line names the next lr out (the grid's own step there) to race in another stage."""
+    lines = []
+    for racer, lr in summary["chosen_lr"].items():
+        raced = sorted({l.lr for l in lanes if l.racer == racer})
+        if len(raced) < 2 or lr not in (raced[0], raced[-1]):
+            continue
+        step = raced[1] / raced[0] if lr == raced[0] else raced[-1] / raced[-2]
+        beyond = float(f"{(lr / step if lr == raced[0] else lr * step):.3g}")
+        side = "lowest" if lr == raced[0] else "highest"
+        lines.append(f"grid edge: {racer} chose lr {lr:g}, the {side} it raced: race --lr '{racer}={beyond:g}' in "
+                     "another selection stage and pool it (--report) before confirming")
+    return lines

@@ -32,26 +32,37 @@ class ModelEMA:
             p.requires_grad_(False)
         self.decay, self.warmup = decay, None if warmup == "none" else warmup
         self.warmup_gamma, self.warmup_power, self.buffers = warmup_gamma, warmup_power, buffers
-        self.updates = 0
+        # the update count on the weights' device, and the decay computed there: an update the trainer undoes on
+        # the device (train.undo) takes its count back with it, and no update reads a value on the host
+        device = next((t.device for t in self.module.state_dict().values()), torch.device("cpu"))
+        self.count = torch.zeros((), dtype=torch.float64 if device.type != "mps" else torch.float32, device=device)
 
-    def current_decay(self) -> float:
-        t = self.updates
+    @property
+    def updates(self) -> int:
+        """The updates averaged so far (a host read: for reports and checkpoints, not for every update)."""
+        return int(self.count)
+
+    def current_decay(self) -> torch.Tensor:
+        t = self.count
         if self.warmup == "timm":
-            return min(self.decay, 1 - (1 + t / self.warmup_gamma) ** -self.warmup_power)
+            return torch.clamp(1 - (1 + t / self.warmup_gamma) ** -self.warmup_power, max=self.decay)
         if self.warmup == "nvidia":
-            return min(self.decay, (1 + t) / (10 + t))
-        return self.decay
+            return torch.clamp((1 + t) / (10 + t), max=self.decay)
+        return torch.full_like(t, self.decay)
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        d = self.current_decay()
-        self.updates += 1
+        weight = 1.0 - self.current_decay()
+        self.count += 1
         ema_p = [p for p in self.module.parameters()]
         live_p = [p.detach() for p in model.parameters()]
-        torch._foreach_lerp_(ema_p, live_p, 1.0 - d)  # e + (1-d)(w - e) == d*e + (1-d)*w, one fused op
+        if ema_p and self.count.device != ema_p[0].device:  # the module moved after it was built: once
+            self.count = self.count.to(ema_p[0].device)
+            weight = weight.to(ema_p[0].device)
+        torch._foreach_lerp_(ema_p, live_p, weight.float())  # e + (1-d)(w - e) == d*e + (1-d)*w, one fused op
         for e, b in zip(self.module.buffers(), model.buffers()):
             if self.buffers == "average" and e.dtype.is_floating_point:
-                e.lerp_(b, 1.0 - d)
+                e.lerp_(b, weight.to(e.dtype))
             else:
                 e.copy_(b)
 
@@ -60,4 +71,4 @@ class ModelEMA:
 
     def load_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state["module"])
-        self.updates = int(state["updates"])
+        self.count.fill_(int(state["updates"]))

@@ -22,7 +22,7 @@ from torch import nn
 from .. import dist
 from ..errors import ConfigError, suggest
 from ..optim.lr import follows_schedule, lrs_as_tensors, set_lr
-from ..optim.protocol import protocol_of
+from ..optim.protocol import maskable_of, protocol_of
 from .ema import ModelEMA
 from .hooks import StepHook
 from .loss_scale import skips_overflow
@@ -139,7 +139,7 @@ class TrainStep:
         # the optimizer's side of the contract (torchboost.optim.protocol): what it needs from the step
         self.protocol = protocol_of(optimizer)
         self.protocol.attach_grad_scaler(o.grad_scaler)
-        self.undo = UpdateUndo(model, optimizer, o.ema.module if o.ema is not None else None)
+        self.undo = UpdateUndo(model, optimizer, o.ema)
         self.masks_on_device = self._masks_on_device()
         self.compiled_step: Optional[Callable[[], Any]] = None
         self.eager_forward_loss = self.forward_loss  # a subclass's override included
@@ -153,14 +153,13 @@ class TrainStep:
 
     def _masks_on_device(self) -> bool:
         """Whether an update to drop is undone on the device (`masked_update`) rather than decided by a host
-        read before it is applied: with deferred checks, for an optimizer whose state is its state_dict's
-        tensors, without boost hooks (their state is the host's), under one process or DDP (whose gradient
+        read before it is applied: with deferred checks, for an optimizer that declares it safe (`maskable_of`), without boost hooks (their state is the host's), under one process or DDP (whose gradient
         all-reduce gives every rank the same verdict: a non-finite loss on one rank makes everyone's averaged
         gradients non-finite, so no collective is added)."""
         scaler = self.grad_scaler
         if scaler is not None and not skips_overflow(scaler):  # overflows applied: nothing to undo for them
             return False
-        return ((self.nonfinite == "skip" or scaler is not None) and self.check_every > 1 and self.protocol.maskable
+        return ((self.nonfinite == "skip" or scaler is not None) and self.check_every > 1 and maskable_of(self.optimizer)
                 and not self.hooks and (self.device.type != "cpu" or self.undo_on_cpu)
                 and (dist.get_world_size() == 1 or hasattr(self.model, "no_sync")))
 

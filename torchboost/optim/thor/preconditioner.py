@@ -278,7 +278,6 @@ class PreconditionedProtocol(TrainerProtocol):
     preconditioner: ThorPreconditioner
     # the update between refreshes compiles (THOR: compile_own_step); a refresh's forward runs eagerly (hooks)
     compilable = False
-    maskable = False  # its factors, inverses and refresh counter live in the preconditioner, not in state tensors
 
     def attach_grad_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         self.preconditioner.grad_scaler = scaler
