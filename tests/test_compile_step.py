@@ -96,3 +96,37 @@ def test_what_cannot_be_compiled_and_unknown_modes_are_refused_in_one_line():
                   compile="default")
     with pytest.raises(ConfigError, match="is not a mode"):
         TrainStep(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.1), compile="fast")
+    with pytest.raises(ConfigError, match="CUDA graphs.*static buffers"):  # THOR's fresh gradients and inverses
+        TrainStep(net, nn.CrossEntropyLoss(), build_optimizer("thor", net, OptimizerArgs(lr=0.1)),
+                  compile="cudagraphs")
+
+
+def test_gradient_freezing_under_compile_is_refused_in_one_line():
+    """Freezing flips requires_grad on a schedule: one graph per trainable set, then eager past dynamo's cache."""
+    from torchboost.recipe import load_config
+
+    with pytest.raises(ConfigError, match="gradient freezing .* would compile a graph of its own") as e:
+        load_config("digits-lenet", ["train.compile=default", "boost.level=O1"])  # validated as it loads
+    assert "train.compile=none" in e.value.fix
+    load_config("digits-lenet", ["train.compile=default", "boost.level=O0"])  # no freezing: compiled
+    load_config("digits-lenet", ["train.compile=none", "boost.level=O1"])  # freezing, eager
+
+
+def test_a_compiled_run_reports_its_graphs_and_each_recompile_with_its_reason():
+    """Model.train says at each epoch's end how many graphs it compiled and how many recompiles it met: none for
+    a steady run; a batch of another size (the last, without drop_last) is a recompile, named with its guard."""
+    from torchboost.train.model import Model
+
+    def fit(sizes: list[int]) -> tuple[list[str], tuple]:
+        torch._dynamo.reset()
+        net = _net()
+        model = Model(net, nn.CrossEntropyLoss(), torch.optim.SGD(net.parameters(), lr=0.05), compile="default")
+        data = [(_batch(k)[0][:n], _batch(k)[1][:n]) for k, n in enumerate(sizes)]
+        said: list[str] = []
+        state = model.train(2, data, log_fn=said.append)
+        return [s for s in said if s.startswith("compile=default: ") and "graph" in s], state.compile_stats
+
+    lines, (graphs, recompiles) = fit([8, 8, 8])
+    assert recompiles == 0 and graphs >= 1 and lines == [f"compile=default: {graphs} graph(s) compiled, 0 recompile(s) so far"]
+    lines, (graphs, recompiles) = fit([8, 8, 5])
+    assert recompiles >= 1 and "recompile(s) so far (latest: " in lines[0] and "size" in lines[0]

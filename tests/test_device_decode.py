@@ -424,3 +424,55 @@ def test_the_prefetcher_raises_a_batchs_error_where_it_is_read_and_stops_when_le
     assert next(it) is many[0]
     it.close()  # the consumer leaves early: the thread ends instead of waiting on a full queue
     assert not any(t.name == "torchboost-prefetch" and t.is_alive() for t in __import__("threading").enumerate())
+
+
+def test_the_prefetch_thread_waits_for_its_stream_before_each_decode(photos, monkeypatch):
+    """nvJPEG writes without waiting on the side stream, where the last batch's resize kernels may still read
+    decoded images already freed: the thread synchronises the stream before every decode (the order checked here
+    with a stand-in stream; the pixels on a GPU by the CUDA test below and benchmarks/gpu_checks.sh)."""
+    import contextlib
+
+    from torchboost.data import prefetch
+    from torchboost.data.prefetch import DevicePrefetcher
+
+    calls: list[str] = []
+
+    class Stream:
+        def synchronize(self) -> None:
+            calls.append("sync")
+
+    class Event:
+        def record(self, stream) -> None:
+            calls.append("event")
+
+    monkeypatch.setattr(prefetch.torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(prefetch.torch.cuda, "Event", Event)
+    made = DeviceBatch.to_images
+    monkeypatch.setattr(DeviceBatch, "to_images", lambda self, d: calls.append("decode") or made(self, d))
+    ds = ImageFolder(photos / "train", DeviceDecode(rgb_train()))
+    ahead = DevicePrefetcher(build_loader(ds, 4, False), torch.device("cpu"))
+    stream = Stream()
+    for batch in build_loader(ds, 4, False):
+        ahead._make(batch, stream)
+    assert calls and calls == ["sync", "decode", "event"] * (len(calls) // 3)
+
+
+@pytest.mark.skipif(not nvjpeg_available(), reason="needs CUDA and torchvision (nvJPEG)")
+def test_on_cuda_prefetched_batches_equal_the_cpu_decode_while_the_gpu_is_busy(tmp_path):
+    """1,000 JPEGs decoded on the device one batch ahead while the training stream is kept busy: every batch's
+    pixels equal the CPU path's decode within the stated tolerance (a recycled block overwritten by the next
+    decode would differ by far more)."""
+    from torchboost.data.prefetch import DevicePrefetcher
+
+    root = tmp_path / "many" / "train" / "a"
+    root.mkdir(parents=True)
+    for i in range(1000):
+        picture(96 + i % 64, 80 + (i * 7) % 64, i).save(root / f"{i:04d}.jpg", quality=90)
+    ds = ImageFolder(root.parent, DeviceDecode(rgb_train()))
+    busy = torch.randn(2048, 2048, device="cuda")
+    for x, _ in DevicePrefetcher(build_loader(ds, 50, False, seed=1), torch.device("cuda")):
+        for _ in range(4):  # the training stream's work, while the thread decodes the next batch
+            busy = (busy @ busy).tanh_()
+        gpu = x.to_images("cuda").float().cpu()
+        cpu = x.to_images("cpu").float()
+        assert (cpu - gpu).abs().mean((1, 2, 3)).max() < DRAFT_MEAN

@@ -3,7 +3,9 @@
 `DeviceBatch.to_images` decodes with nvJPEG, which returns only once its decode is done: called inside the step,
 the host would wait there and the GPU would alternate decoding and training. `DevicePrefetcher` runs it one
 batch ahead in a thread, on a side stream; the training stream waits for that batch's event (on the device, not
-the host) before using it. NVIDIA's DALI and apex's data_prefetcher do the same; both would be a dependency (and
+the host) before using it, and the tensors it hands over are recorded on the training stream (`record_stream`),
+so the allocator never gives their memory to the next batch while training still reads it. The thread waits for
+its stream before each decode (`_make`): nvJPEG does not order its writes after the stream's queued kernels. NVIDIA's DALI and apex's data_prefetcher do the same; both would be a dependency (and
 DALI a second pipeline definition) for what is one thread and one stream here.
 """
 
@@ -39,6 +41,12 @@ class DevicePrefetcher:
         if batch is None or not isinstance(batch[0], DeviceBatch):  # None: every image was a skipped corrupt one
             return batch, None
         x, y = batch
+        if stream is not None:
+            # The last batch's resize kernels may still wait on this stream, reading decoded images already freed
+            # to the caching allocator; nvJPEG writes this batch's decode into the blocks it gets without waiting on
+            # the stream (reported against torchvision's CUDA decode_jpeg), so those kernels must have run before
+            # it decodes. This thread waits, not the training loop.
+            stream.synchronize()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             x.to_images(self.device)  # kept by the batch: prepare_input's x.to(device) returns it
             y = y.to(self.device, non_blocking=True)

@@ -62,7 +62,13 @@ def validate(cfg: Config) -> None:
         resolve_device(cfg.train.device)
     except ConfigError as e:
         raise ConfigError(f"train.device={cfg.train.device!r}: {e.what}", e.fix) from None
-    resolve_boost(cfg.boost.level, cfg.boost.config, where="boost")
+    plan = resolve_boost(cfg.boost.level, cfg.boost.config, where="boost")
+    if plan.on("grad_freeze") and cfg.train.compile != "none":
+        # freezing flips requires_grad on a schedule: each trainable set is a graph of its own, and past dynamo's
+        # cache limit the step falls back to eager — a compiled run that silently is not
+        raise ConfigError(f"boost gradient freezing (level {cfg.boost.level}) with train.compile={cfg.train.compile}: "
+                          "each set of frozen layers would compile a graph of its own",
+                          "set train.compile=none, or turn grad_freeze off in boost.config")
     object.__setattr__(cfg, PASSED, cfg.to_dict())
 
 

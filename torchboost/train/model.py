@@ -24,7 +24,7 @@ from .checkpoint import check_optimizer_state, check_resumable, load_checkpoint,
 from .metrics import METRIC_NAMES, MetricAccumulator
 from .device import StepClock, amp_dtype_for, cpu_has_bf16, resolve_device
 from .eval_weights import to_eval_weights, to_train_weights
-from .step import StepOptions, TrainStep, prepare_input
+from .step import StepOptions, TrainStep, compile_counts, prepare_input
 from .tta import with_tta
 
 class Model:
@@ -148,6 +148,7 @@ class Model:
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip = self._resume_position(state, len(train_data) * max(state.batch_size, 1))
         compiling = self.train_step.options.compile != "none"  # said once, at the first compiled update
+        compiled_before = compile_counts() if compiling else None  # the run reports its graphs and recompiles
         for cb in callbacks:
             cb.on_train_begin(state)
 
@@ -211,6 +212,8 @@ class Model:
                     ema = self.eval(eval_data, use_ema=True)
                     state.eval_results.update({f"val_ema_{k_}": v for k_, v in ema.items()})
                 state.log(_format_eval(epoch, state.eval_results, eval_name))
+            if compiled_before is not None:
+                self._say_recompiles(state, compiled_before)
             for cb in callbacks:
                 cb.on_train_epoch_end(state)
             if state.stop_training:
@@ -219,6 +222,17 @@ class Model:
         for cb in callbacks:
             cb.on_train_end(state)
         return state
+
+    def _say_recompiles(self, state: TrainState, before: tuple[int, int, str]) -> None:
+        """The epoch's line on compilation: graphs compiled and recompiles since training began (with the latest
+        recompile's reason when there are any), kept as `state.compile_stats`."""
+        graphs, recompiles, reason = compile_counts()
+        graphs, recompiles = graphs - before[0], recompiles - before[1]
+        if (graphs, recompiles) != state.compile_stats:
+            state.compile_stats = (graphs, recompiles)
+            why = f" (latest: {reason[:160]})" if recompiles else ""
+            state.log(f"compile={self.train_step.options.compile}: {graphs} graph(s) compiled, {recompiles} "
+                      f"recompile(s) so far{why}")
 
     def _inputs(self, data: Iterable) -> Iterator[torch.Tensor]:
         """The inputs of `data`'s batches, on the device as the step sees them (BatchNorm's statistics are

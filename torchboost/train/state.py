@@ -39,6 +39,7 @@ class TrainState:
     stop_training: bool = False
     log_fn: Any = print
     callbacks: list = field(default_factory=list)  # the run's callbacks (their state goes in checkpoints)
+    compile_stats: tuple = (0, 0)  # under train.compile: (graphs compiled, recompiles) since training began
 
     def add_update(self, out: StepOutput) -> None:
         """Add an update to the epoch's sums, leaving out a non-finite one (it would make the epoch's loss NaN).

@@ -64,6 +64,16 @@ NONFINITE_POLICIES = ("stop", "skip")
 COMPILE_MODES = {"none": None, "default": "default", "max-autotune": "max-autotune", "cudagraphs": "reduce-overhead"}
 
 
+def compile_counts() -> tuple[int, int, str]:
+    """(graphs dynamo compiled, recompiles, the latest recompile's reason) in this process so far: a compiled step
+    that recompiles (a guard failed: a new shape, a flag, a Python value) is slower than it looks, and past
+    dynamo's cache limit runs eagerly."""
+    from torch._dynamo.utils import counters, guard_failures
+
+    reasons = [r for found in guard_failures.values() for r in found]
+    return counters["stats"]["unique_graphs"], len(reasons), str(reasons[-1]) if reasons else ""
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """What one update does besides forward, backward and the optimizer's step, each off by default: the one

@@ -99,6 +99,12 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     def compile_own_step(self, mode: str) -> bool:
         """torch.compile the update between refreshes (`plain_update`); a refresh stays eager (its inversions
         and host-side bookkeeping). EKFAC updates its moments from a per-update damping: not compiled."""
+        if mode == "reduce-overhead":  # train.compile=cudagraphs
+            # a CUDA graph replays fixed addresses: THOR's p.grad is a fresh tensor every update and a refresh writes
+            # new inverses, so each would be copied into the graph's static inputs (or a stale one replayed)
+            raise ConfigError("THOR under CUDA graphs (train.compile=cudagraphs): its gradients and inverses are new "
+                              "tensors every update and refresh, not the static buffers a graph replays",
+                              "use train.compile=default (or none)")
         if self.preconditioner._ekfac:
             raise ConfigError("thor_ekfac's step cannot be compiled (its eigenvalue update takes the damping of "
                               "each update)", "train thor_ekfac with compile=none, or compile thor")
