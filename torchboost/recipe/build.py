@@ -15,6 +15,7 @@ from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, training_bytes
 from torchboost.optim import build_lr_schedule, get_thor_lr
+from torchboost.optim.averaging import averaged
 from torchboost.optim.groups import scale_lr_of
 from torchboost.optim.registry import OptimizerArgs, build_optimizer, get_optimizer
 from torchboost.optim.weight_norm import pin_weight_norms
@@ -73,14 +74,16 @@ def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArg
 
 def optimizer_from_config(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
     """`optim.name`'s registry entry built for `model` (`torchboost.optim.registry.build_optimizer`), the
-    classifier head at `optim.head_lr_mult` times the lr."""
+    classifier head at `optim.head_lr_mult` times the lr, inside `train.average`'s averaging (`optim.averaging`)."""
     optimizer = build_optimizer(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
     if cfg.optim.head_lr_mult != 1:
         named = dict(model.named_parameters())
         scale_lr_of(optimizer, [named[n] for n in classifier_head(model)], cfg.optim.head_lr_mult, "classifier head")
     if cfg.optim.weight_norm == "pin":
         pin_weight_norms(model, optimizer)
-    return optimizer
+    t = cfg.train
+    return averaged(optimizer, t.average, steps_per_epoch * t.epochs, t.average_start, t.average_every,
+                    t.lookahead_k, t.lookahead_alpha)
 
 
 def build_schedule(cfg: Config, lr: float, steps_per_epoch: int) -> np.ndarray:

@@ -233,6 +233,16 @@ class TrainConfig:
     early_stopping_patience: Optional[int] = option(None, ge=1, help="stop after this many evaluations without "
                                                                      "improvement; unset: never")
     restore_best: bool = option(False, help="end with the best epoch's weights (by monitor)")
+    average: str = option("none", choices=("none", "swa", "lookahead"),
+                          help="weight averaging around the optimizer, beside ema: swa (the equal average of the "
+                               "weights from average_start on is evaluated and saved, BatchNorm recomputed at it) or "
+                               "lookahead (every lookahead_k updates the weights move to slow + lookahead_alpha x "
+                               "(fast - slow)); not with train.compile or schedule-free optimizers")
+    average_start: float = option(0.75, ge=0, lt=1, help="average=swa: the share of the run's updates before "
+                                                         "averaging begins")
+    average_every: int = option(1, ge=1, le=1_000_000, help="average=swa: updates between averaged weights")
+    lookahead_k: int = option(5, ge=1, le=1_000_000, help="average=lookahead: updates between syncs")
+    lookahead_alpha: float = option(0.5, gt=0, le=1, help="average=lookahead: how far the slow weights move")
     test_at_end: bool = option(True, help="after the last epoch, evaluate the best checkpoint once on the test "
                                           "split when the data has one beside val (never used for any choice; "
                                           "else on the validation split), with per-class results in OUTPUT/<split>/")

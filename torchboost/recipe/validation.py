@@ -285,6 +285,9 @@ def _check_train(cfg: Config) -> None:
                           f"add {t.monitor.removeprefix('val_')} to train.metrics or change train.monitor")
     if t.init_weights and not Path(t.init_weights).is_file():
         raise ConfigError(f"train.init_weights={t.init_weights} does not exist", "give the path of a weights file")
+    if t.average != "none" and t.compile != "none":  # its step reads host counts: a graph per value
+        raise ConfigError(f"train.average={t.average} with train.compile={t.compile}: the averaging step is not "
+                          "compiled", "set train.compile=none, or train.average=none")
     if t.clip_global_norm is not None and t.clip_value is not None:
         raise ConfigError("train.clip_global_norm and train.clip_value are both set", "choose one way to clip")
 
