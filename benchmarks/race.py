@@ -30,8 +30,9 @@ from torchboost.optim import muon_optimizer
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.optimizers import race_policy, thor_per_update, typed_section
-from torchboost.recipe.race import Racer, budget_racers, parse_budgets, parse_lr_grids, run_race, variant_racer
+from torchboost.recipe.race import Racer, budget_racers, parse_lr_grids, run_race, variant_racer
 from torchboost.recipe.race_select import pooled_lanes
+from torchboost.recipe.racer_name import parse_racer
 from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, plot,
                                            summarize, write_results)
 from torchboost.train.device import device_name
@@ -78,16 +79,11 @@ def make_racer(name: str, cfg, lrs) -> Racer:
     """A registered optimizer, or a variant with extra THOR options: `thor[graft=grad]`,
     `thor_muon[factor_samples=64]`, `muon-all-convs`, `thor_muon-all-convs[factor_samples=64]`; a suffix
     `@EPOCHS` gives the racer its own epoch budget (`muon@10`, `thor_muon[factor_samples=32]@8`)."""
-    spec, at, budget = name.partition("@")
-    if at:
-        (epochs,) = parse_budgets([f"{spec}={budget}"]).values()
-        if len(epochs) != 1:
-            raise SystemExit(f"error: racer {name!r} names {len(epochs)} budgets — write one racer per budget")
-        return budget_racers(make_racer(spec, cfg, lrs), epochs)[0]
-    base, _, opts = name.partition("[")
-    if base.endswith("muon-all-convs"):
-        extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.rstrip("]").split(",") if kv)}
-        return muon_all_convs(name, cfg, lrs, **extra)
+    racer = parse_racer(name)
+    if racer.epochs is not None:
+        return budget_racers(make_racer(racer.spec, cfg, lrs), [racer.epochs])[0]
+    if racer.base.endswith("muon-all-convs"):
+        return muon_all_convs(name, cfg, lrs, **{k: yaml.safe_load(v) for k, v in racer.options})
     return variant_racer(name, cfg, lrs)  # `thor[graft=grad]`: what `torchboost race` races under that name
 
 

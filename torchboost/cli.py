@@ -309,7 +309,8 @@ def _cmd_race(args: argparse.Namespace) -> int:
     from .recipe.load import recipe_with_data
     from .recipe.optimizers import default_racers
     from .optim.registry import OPTIMIZERS
-    from .recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, racer_base, run_race, variant_racer
+    from .recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race, variant_racer
+    from .recipe.racer_name import parse_racer
     from .recipe.race_report import format_report, headline, is_thor, summarize, write_results
     from .recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
     from .recipe.race_select import (check_fresh_seeds, check_same_task, confirmation_targets, fixed_targets,
@@ -327,9 +328,9 @@ def _cmd_race(args: argparse.Namespace) -> int:
                           "drop --ledger when selecting")
     optimizers = args.optimizers or default_racers()
     for name in optimizers:  # before any data is read (a variant's options are checked once the config is)
-        if racer_base(name) not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {racer_base(name)!r} in --optimizers {name}",
-                              suggest(racer_base(name), list(OPTIMIZERS)))
+        base = parse_racer(name).base
+        if base not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {base!r} in --optimizers {name}", suggest(base, list(OPTIMIZERS)))
     grids, budgets = parse_lr_grids(args.lr or []), parse_budgets(args.budget or [])
     for flag, named in (("--lr", grids), ("--budget", budgets)):
         unused = [name for name in named if name not in optimizers]

@@ -24,12 +24,14 @@ import yaml
 from torchboost.errors import ConfigError, suggest
 from torchboost.fileio import check_regular, read_regular
 from torchboost.models import list_models
+from torchboost.optim.averaging import AVERAGES
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, list_optimizers
 from torchboost.options import check_type, is_sections, leaf_fields, option, plain, sections
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
 from torchboost.recipe.optimizers import drop_removed, option_sections
 from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
+from torchboost.train.step import COMPILE_MODES, NONFINITE_POLICIES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 MODELS = tuple(list_models())
@@ -233,7 +235,7 @@ class TrainConfig:
     early_stopping_patience: Optional[int] = option(None, ge=1, help="stop after this many evaluations without "
                                                                      "improvement; unset: never")
     restore_best: bool = option(False, help="end with the best epoch's weights (by monitor)")
-    average: str = option("none", choices=("none", "swa", "lookahead"),
+    average: str = option("none", choices=AVERAGES,
                           help="weight averaging around the optimizer, beside ema: swa (the equal average of the "
                                "weights from average_start on is evaluated and saved, BatchNorm recomputed at it) or "
                                "lookahead (every lookahead_k updates the weights move to slow + lookahead_alpha x "
@@ -246,14 +248,14 @@ class TrainConfig:
     test_at_end: bool = option(True, help="after the last epoch, evaluate the best checkpoint once on the test "
                                           "split when the data has one beside val (never used for any choice; "
                                           "else on the validation split), with per-class results in OUTPUT/<split>/")
-    nonfinite: str = option("stop", choices=("stop", "skip"), help="a NaN/inf loss: stop at once, or skip the "
+    nonfinite: str = option("stop", choices=NONFINITE_POLICIES, help="a NaN/inf loss: stop at once, or skip the "
                                                                    "update (up to max_nonfinite_steps in a row)")
     max_nonfinite_steps: int = option(10, ge=1, help="nonfinite=skip: stop after this many bad steps in a row")
     init_weights: Optional[str] = option(None, help="start from these weights only (any weight format; a head "
                                                     "for other classes is re-initialised); --resume restores all")
     freeze_backbone_epochs: int = option(0, ge=0, le=1_000_000, help="fine-tuning: train only the classifier "
                                                                       "head for this many epochs first")
-    compile: str = option("none", choices=("none", "default", "max-autotune", "cudagraphs"),
+    compile: str = option("none", choices=tuple(COMPILE_MODES),
                           help="torch.compile the training step (forward + backward and the optimizer's step; THOR: "
                                "its update between refreshes, a refresh runs eagerly; not thor_muon, thor_ekfac or "
                                "DimReduce): default, max-autotune, or cudagraphs (CUDA graphs); the first update "

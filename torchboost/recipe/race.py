@@ -36,6 +36,7 @@ from torchboost.recipe.config import Config, merge, parse_override
 from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race_trace import layer_trace, traced_weights
+from torchboost.recipe.racer_name import parse_racer
 from torchboost.recipe.resolve import fit_batch
 from torchboost.recipe.validation import validate
 from torchboost.seed import seed_everything
@@ -135,31 +136,23 @@ def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) ->
     (`optim.thor`) is set there, any other in `optim`; values are read as --set reads them and the result
     passes the one validation pass, so a variant is exactly a config `train` could run. A plain name is
     `builtin_racer`'s."""
-    base, bracket, inner = spec.partition("[")
-    if not bracket:
-        return builtin_racer(spec, cfg, lrs)
-    entry = get_optimizer(base)
-    if not inner.endswith("]") or "[" in inner:
-        raise ConfigError(f"racer {spec[:80]!r} is not NAME[KEY=VALUE,...]", "e.g. thor[graft=muon_step]")
+    racer = parse_racer(spec)
+    if racer.epochs is not None:
+        raise ConfigError(f"racer {spec[:80]!r} names its budget", f"race it with --budget {racer.spec}={racer.epochs}")
+    if not racer.options:
+        return builtin_racer(racer.base, cfg, lrs)
+    entry = get_optimizer(racer.base)
     section = cfg.optim.options.get(entry.options_key) if entry.options_key else None
     own = {f.name for f in dataclasses.fields(section)} if section is not None else set()
     variant = copy.deepcopy(cfg)
-    for item in filter(None, inner[:-1].split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"racer {spec[:80]!r}: {item!r} is not KEY=VALUE", "e.g. thor[graft=muon_step]")
-        if key.strip() in RACE_SETS:  # the race sets these per lane: a variant's value would be silently overruled
-            raise ConfigError(f"racer {spec[:80]!r} sets optim.{key.strip()}, which the race sets for every racer",
+    for key, value in racer.options:
+        if key in RACE_SETS:  # the race sets these per lane: a variant's value would be silently overruled
+            raise ConfigError(f"racer {spec[:80]!r} sets optim.{key}, which the race sets for every racer",
                               "give the lr with --lr NAME=LR, the optimizer by the racer's name")
-        where = f"optim.{entry.options_key}." if key.strip() in own else "optim."
-        merge(variant, parse_override(f"{where}{key.strip()}={value}"))
+        where = f"optim.{entry.options_key}." if key in own else "optim."
+        merge(variant, parse_override(f"{where}{key}={value}"))
     validate(variant)
-    return dataclasses.replace(builtin_racer(base, variant, lrs), name=spec)
-
-
-def racer_base(spec: str) -> str:
-    """The registered optimizer a racer name stands for: `thor[graft=grad]@8` -> `thor`."""
-    return spec.partition("@")[0].partition("[")[0]
+    return dataclasses.replace(builtin_racer(racer.base, variant, lrs), name=spec)
 
 
 def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:

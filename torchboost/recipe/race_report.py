@@ -15,13 +15,14 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from torchboost.errors import printable
+from torchboost.errors import ConfigError, printable
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
 from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
 from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
 from torchboost.train.device import device_name
+from torchboost.recipe.racer_name import parse_racer
 
 
 def cpu_flags() -> str:
@@ -110,7 +111,10 @@ def is_thor(name: str) -> bool:
     """THOR and its variants (race family "thor" in `recipe.optimizers`: thor_muon, and `thor[...]` option
     variants) are one family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch
     budget."""
-    base = name.partition("@")[0].partition("[")[0].removesuffix("-all-convs")
+    try:
+        base = parse_racer(name).base.removesuffix("-all-convs")  # benchmarks/race.py's muon-all-convs family
+    except ConfigError:  # not a racer's name (a saved race is read defensively)
+        return False
     return base in OPTIMIZERS and race_policy(base).family == THOR_FAMILY
 
 

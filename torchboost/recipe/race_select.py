@@ -27,7 +27,8 @@ from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain
 from torchboost.recipe.config import Config
-from torchboost.recipe.race import Lane, Racer, budget_racers, racer_base, variant_racer
+from torchboost.recipe.race import Lane, Racer, budget_racers, variant_racer
+from torchboost.recipe.racer_name import parse_racer
 from torchboost.recipe.race_report import is_thor, reach_key, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
@@ -125,14 +126,18 @@ def selections(data: dict, source: str) -> list[Selection]:
     targets, chosen = summary["targets"], summary["chosen_lr"]
     best: dict[str, tuple[tuple, Selection]] = {}
     for racer, lr in chosen.items():
-        name, at, budget = racer.partition("@")
-        if racer_base(name) not in OPTIMIZERS or (at and not (budget.isdigit() and 1 <= int(budget) <= 100_000)):
+        try:
+            parsed = parse_racer(racer)
+        except ConfigError:
+            parsed = None
+        if parsed is None or parsed.base not in OPTIMIZERS:
             raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
                               "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
         key = reach_key({float(t): rows[racer] for t, rows in targets.items()})
+        name = parsed.spec  # the racer without its budget
         # a racer without its own budget trained the selection's epochs: frozen at that budget, so a confirmation
         # run with another --epochs (the recipe's, by default) races what was selected
-        pick = Selection(name, lr, int(budget) if at else settings.get("epochs"))
+        pick = Selection(name, lr, parsed.epochs if parsed.epochs is not None else settings.get("epochs"))
         if name not in best or key < best[name][0]:
             best[name] = (key, pick)
     return [s for _, s in best.values()]
