@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from torchboost.boost.adasum import AdasumHook
-from torchboost.dist import adasum_reduce
+from torchboost.distributed import adasum_reduce
 from torchboost.data import build_loader
 from torchboost.data.builtin import load_builtin
-from torchboost.dist import all_reduce_sum, init_distributed, launch, wrap_ddp
+from torchboost.distributed import all_reduce_sum, init_distributed, launch, wrap_ddp
 from torchboost.models import create_model
 
 WORLD, MOMENTUM = 4, 0.9

@@ -255,7 +255,7 @@ def recipe_model(run: Run, recipe: str, overrides: Sequence[str], train_images: 
     build_trainer) for a training set of `train_images` (the schedule's length)."""
     import torch
 
-    from torchboost.dist import DistInfo
+    from torchboost.distributed import DistInfo
     from torchboost.recipe.load import load_config
     from torchboost.recipe.run import build_network, build_trainer
 
@@ -290,7 +290,7 @@ def hand_loop(run: Run, model: Any, cfg: Any, compiled: bool = False) -> Callabl
     import torch
     import torch.nn.functional as F
 
-    from torchboost.dist import DistInfo
+    from torchboost.distributed import DistInfo
     from torchboost.recipe.run import build_network
 
     dev, dtype, smoothing = run.device, model.autocast_dtype, cfg.train.label_smoothing

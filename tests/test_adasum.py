@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from torchboost.boost.adasum import AdasumHook
-from torchboost.dist import adasum_combine, adasum_reduce, hierarchical_groups
-from torchboost.dist import init_distributed, launch
+from torchboost.distributed import adasum_combine, adasum_reduce, hierarchical_groups
+from torchboost.distributed import init_distributed, launch
 
 pytestmark = pytest.mark.dist
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "torchboost"
-LIBRARY = ("models", "data", "optim", "train", "boost", "dist", "migrate", "compat", "deploy", "errors", "fileio",
+LIBRARY = ("models", "data", "optim", "train", "boost", "distributed", "migrate", "compat", "deploy", "errors", "fileio",
            "losses", "seed")
 APPLICATION = ("recipe",)
 FACES = ("cli", "bench", "debug", "__main__")
@@ -124,13 +124,13 @@ def test_files_stay_small_or_say_why(path):
 
 def test_public_api_matches_the_docs():
     import torchboost
-    import torchboost.dist
+    import torchboost.distributed
     import torchboost.optim
 
     for mod, names in ((torchboost, ("THOR", "TrainStep", "ProgressBar", "TensorBoard", "Model", "EarlyStopping",
                                      "get_thor_lr", "get_thor_damping", "ModelEMA", "create_model")),
                        (torchboost.optim, ("THOR", "get_thor_lr", "get_thor_damping")),
-                       (torchboost.dist, ("adasum_reduce", "launch", "init_distributed", "wrap_ddp"))):
+                       (torchboost.distributed, ("adasum_reduce", "launch", "init_distributed", "wrap_ddp"))):
         for name in names:
             assert name in mod.__all__ and getattr(mod, name) is not None, f"{mod.__name__}.{name}"
         for name in mod.__all__:

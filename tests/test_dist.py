@@ -1,4 +1,4 @@
-"""torchboost.dist: DDP equivalence with one big batch, fusion buckets, faults, clean torchrun-style exit."""
+"""torchboost.distributed: DDP equivalence with one big batch, fusion buckets, faults, clean torchrun-style exit."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from torchboost.dist import (DistInfo, all_reduce_sum, any_rank, fusion_bucket_caps_mb, guard, init_distributed,
+from torchboost.distributed import (DistInfo, all_reduce_sum, any_rank, fusion_bucket_caps_mb, guard, init_distributed,
                              launch, wrap_ddp)
-from torchboost.dist.launch import free_port
+from torchboost.distributed.launch import free_port
 from torchboost.errors import ConfigError, DistributedError
 
 B, STEPS = 6, 5
@@ -136,7 +136,7 @@ def test_dead_or_hung_rank_ends_the_job_with_a_clear_error(mode: str) -> None:
 SCRIPT = textwrap.dedent("""
     import logging, sys, torch
     from torch import nn
-    from torchboost import dist
+    from torchboost import distributed as dist
     info = dist.init_distributed(timeout_s=30)
     dist.open_worklog(sys.argv[1], info.rank)
     logging.getLogger("torchboost.test").info("hello from %d of %d", info.rank, info.world_size)

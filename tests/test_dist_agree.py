@@ -2,8 +2,8 @@
 
 import pytest
 
-from torchboost.dist import init_distributed, launch
-from torchboost.dist.group import agree
+from torchboost.distributed import init_distributed, launch
+from torchboost.distributed.group import agree
 from torchboost.errors import DistributedError
 
 

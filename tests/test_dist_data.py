@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from torchboost.data import TensorImageDataset, build_loader
-from torchboost.dist import init_distributed, launch
+from torchboost.distributed import init_distributed, launch
 from torchboost.train.model import Model
 
 pytestmark = pytest.mark.dist

@@ -21,11 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchboost.cli import main
-from torchboost.dist import Described, check_timeout, read_env, restart_count
-from torchboost.dist.agent import child_failure
-from torchboost.dist.env import MAX_INT, TorchrunEnv
-from torchboost.dist.join import disagreement, join, open_store
-from torchboost.dist.launch import free_port
+from torchboost.distributed import Described, check_timeout, read_env, restart_count
+from torchboost.distributed.agent import child_failure
+from torchboost.distributed.env import MAX_INT, TorchrunEnv
+from torchboost.distributed.join import disagreement, join, open_store
+from torchboost.distributed.launch import free_port
 from torchboost.errors import DistributedError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -64,7 +64,7 @@ def stop_before_work(monkeypatch, tmp_path):
     monkeypatch.setattr("torchboost.bench.time_steps", started)
     monkeypatch.setattr("torchboost.bench.data_rate", started)
     monkeypatch.setattr("torchboost.data.export.find_samples", started)  # export-shards, once its input is checked
-    monkeypatch.setattr("torchboost.dist.agent.run_agent", started)  # launch, once every process's run is checked
+    monkeypatch.setattr("torchboost.distributed.agent.run_agent", started)  # launch, once every process's run is checked
     monkeypatch.setattr("torchboost.recipe.lr_find.find_lr", started)  # lr-find / race --lr-find, once built
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)

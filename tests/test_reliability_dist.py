@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchboost.dist import launch
+from torchboost.distributed import launch
 
 pytestmark = pytest.mark.dist
 

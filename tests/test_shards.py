@@ -396,7 +396,7 @@ def test_cli_refuses_a_hostile_shard_in_one_line_and_exports(tmp_path, capsys, d
 def _rank(folder: str) -> dict:
     from torch import nn
 
-    from torchboost.dist import init_distributed
+    from torchboost.distributed import init_distributed
     from torchboost.train.model import Model
 
     info = init_distributed(timeout_s=60)
@@ -417,7 +417,7 @@ def _rank(folder: str) -> dict:
 
 @pytest.mark.dist
 def test_two_gloo_processes_take_equal_steps_on_uneven_shards_and_evaluate_every_image_once(tmp_path):
-    from torchboost.dist import launch
+    from torchboost.distributed import launch
     from torchboost.recipe.load import load_config
     from torchboost.recipe.resolve import fit_batch
 

@@ -164,9 +164,9 @@ def test_other_ranks_make_no_mlflow_call(tmp_path, monkeypatch, one_thread):
                 log_fn=lambda _: None)
     assert logger.state_dict() == {} and logger.run_id is None and not (tmp_path / "never.db").exists()
 
-    import torchboost.dist
+    import torchboost.distributed
 
-    monkeypatch.setattr(torchboost.dist, "get_rank", lambda: 1)  # the recipe asks the rank helper
+    monkeypatch.setattr(torchboost.distributed, "get_rank", lambda: 1)  # the recipe asks the rank helper
     from torchboost.recipe.config import build_config
 
     cfg = build_config({"name": "digits-lenet"}, ["train.loggers=[mlflow]"])  # not validated: mlflow is blocked

@@ -106,7 +106,7 @@ def _interrupted(folder: Path, resumed: bool, overwrite: bool, started: float) -
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from .dist.agent import run_agent
+    from .distributed.agent import run_agent
     from .errors import ConfigError
     from .recipe.run import check_epochs_left, output_dir
     from .train.checkpoint import load_checkpoint

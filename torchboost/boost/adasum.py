@@ -1,5 +1,5 @@
 """AdasumHook: boost's Adasum on weight deltas. Each rank steps its own optimizer; the hook then replaces
-the local update by the Adasum of every rank's update (the reduction itself is torchboost.dist.adasum)."""
+the local update by the Adasum of every rank's update (the reduction itself is torchboost.distributed.adasum)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchboost.dist import adasum_combine, all_reduce_mean, broadcast_module, get_world_size, hierarchical_groups
+from torchboost.distributed import adasum_combine, all_reduce_mean, broadcast_module, get_world_size, hierarchical_groups
 from torchboost.errors import ConfigError
 from torchboost.train.hooks import StepHook
 
@@ -23,7 +23,7 @@ class AdasumHook(StepHook):
     delta is non-finite on any rank is undone on every rank and counted in `skipped_steps`.
     Every rank must call before_optimizer/after_optimizer for the same updates (a rank that skips one
     leaves the others waiting): gradients are per rank here, so a loss-scale overflow must be made
-    global with `torchboost.dist.any_rank(overflow)` before deciding to drop an update.
+    global with `torchboost.distributed.any_rank(overflow)` before deciding to drop an update.
     hierarchical: average within each node of `local_world_size` ranks, Adasum across nodes.
     """
 

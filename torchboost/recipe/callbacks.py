@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 from torch.utils.data import DataLoader
 
-from torchboost import dist
+from torchboost import distributed as dist
 from torchboost.recipe.config import Config
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.final_test import FinalTest

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from torchboost.dist import restart_count
+from torchboost.distributed import restart_count
 from torchboost.errors import CheckpointError, ConfigError, DataError
 from torchboost.fileio import check_regular
 from torchboost.recipe.config import Config, parse_override

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from torchboost import dist
+from torchboost import distributed as dist
 from torchboost.boost import BoostPlan, boost_optimizer, build_boost, resolve_boost
 from torchboost.data import build_loader, loader_skipped
 from torchboost.errors import CheckpointError, ConfigError, DataError, OutputError, TorchboostError

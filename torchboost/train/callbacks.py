@@ -13,7 +13,7 @@ from typing import Optional, TextIO
 
 import torch
 
-from torchboost.dist import get_world_size, is_main as is_main_process
+from torchboost.distributed import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.fileio import remove_file, remove_stale_temps
 from torchboost.train.checkpoint import (atomic_save, checkpoint_name, classifier_head, is_checkpoint_name,

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from torchboost.dist import is_main as is_main_process
+from torchboost.distributed import is_main as is_main_process
 from torchboost.fileio import atomic_path, atomic_write, output_error, read_regular, remove_stale_temps
 from torchboost.plotting import pyplot
 from torchboost.train.state import Callback, TrainState

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from .. import dist
+from .. import distributed as dist
 from ..errors import ConfigError, suggest
 from ..plaindata import in_float_range
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .. import dist
+from .. import distributed as dist
 from ..errors import TrainingError
 
 FIX = ("lower the learning rate, clip gradients (clip_global_norm) or use loss scaling, then resume from the last "

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from torchboost.dist import is_main as is_main_process
+from torchboost.distributed import is_main as is_main_process
 from torchboost.fileio import check_inside, make_dirs
 from torchboost.train.state import Callback, TrainState
 

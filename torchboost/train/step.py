@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from .. import dist
+from .. import distributed as dist
 from ..errors import ConfigError, suggest
 from ..optim.lr import follows_schedule, lrs_as_tensors, set_lr
 from ..optim.protocol import maskable_of, protocol_of

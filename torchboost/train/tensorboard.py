@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from torchboost.dist import is_main as is_main_process
+from torchboost.distributed import is_main as is_main_process
 from torchboost.fileio import check_inside, make_dirs, output_error
 from torchboost.train.state import Callback, TrainState
 

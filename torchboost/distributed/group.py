@@ -32,12 +32,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchboost.dist.env import TorchrunEnv, read_env
-from torchboost.dist.join import cpp_logs_held, first_line, join, open_store
+from torchboost.distributed.env import TorchrunEnv, read_env
+from torchboost.distributed.join import cpp_logs_held, first_line, join, open_store
 from torchboost.errors import DistributedError
 from torchboost.fileio import check_inside, make_dirs
 
-log = logging.getLogger("torchboost.dist")
+log = logging.getLogger("torchboost.distributed")
 
 # Substrings of the RuntimeErrors gloo/NCCL raise when a peer dies or a collective times out; torch
 # raises them as plain RuntimeError (not DistError), so they are recognised by message.

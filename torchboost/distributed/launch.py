@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from torchboost.dist.group import shutdown
+from torchboost.distributed.group import shutdown
 from torchboost.errors import DistributedError
 
 _GRACE_S = 5.0  # how long the other ranks may still run after one rank failed
@@ -67,7 +67,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
     ctx = mp.get_context(start_method)
     # torch._dynamo is what the first optimizer construction imports lazily (~800 modules, seconds):
     # import it once before forking rather than once per rank.
-    preload = ["torch", "torch._dynamo", "torch.distributed", "torchboost.dist"]
+    preload = ["torch", "torch._dynamo", "torch.distributed", "torchboost.distributed"]
     if start_method == "forkserver":
         ctx.set_forkserver_preload(preload)
     elif start_method == "fork":

@@ -23,7 +23,7 @@ import inspect
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchboost.dist.group import DistInfo, guard
+from torchboost.distributed.group import DistInfo, guard
 from torchboost.errors import ConfigError, DistributedError
 
 _MIB = 2**20

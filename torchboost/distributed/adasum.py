@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from torchboost.dist.group import get_world_size, guard, info
+from torchboost.distributed.group import get_world_size, guard, info
 from torchboost.errors import DistributedError
 
 _NORM_EPS = 1e-8

@@ -25,10 +25,10 @@ from typing import NamedTuple, Optional
 
 import torch.distributed as dist
 
-from torchboost.dist.env import TorchrunEnv
+from torchboost.distributed.env import TorchrunEnv
 from torchboost.errors import DistributedError
 
-log = logging.getLogger("torchboost.dist")
+log = logging.getLogger("torchboost.distributed")
 
 _ARRIVED, _VERDICT, _LEFT = "arrived", "verdict", "left"
 _CLOSED = 1 << 32  # added to the arrival count by the rank that gives up waiting (ranks <= 2**31 - 1)
