@@ -147,8 +147,9 @@ class Model:
                            callbacks=callbacks)
         state.batch_size = getattr(train_data, "batch_size", 0) or 0
         start_epoch, skip = self._resume_position(state, len(train_data) * max(state.batch_size, 1))
-        compiling = self.train_step.options.compile != "none"  # said once, at the first compiled update
-        compiled_before = compile_counts() if compiling else None  # the run reports its graphs and recompiles
+        compiled = self.train_step.options.compile != "none"
+        compiling = compiled and not self.train_step.compiled_once  # said once, at the step's first compiled update
+        compiled_before = compile_counts() if compiled else None  # the run reports its graphs and recompiles
         for cb in callbacks:
             cb.on_train_begin(state)
 
@@ -184,7 +185,7 @@ class Model:
                 state.clock.mark()
                 state.output, state.data_time, state.step_time = out, t_data - t0, time.perf_counter() - t0
                 if compiling and self.train_step.ran_compiled:  # (THOR's first update, a refresh, is eager)
-                    compiling = False
+                    compiling, self.train_step.compiled_once = False, True
                     state.log(f"compile={self.train_step.options.compile}: the first compiled update took "
                               f"{state.step_time:.1f} s, compiling included")
                 state.step_in_epoch += 1

@@ -154,6 +154,7 @@ class TrainStep:
         self.compiled_step: Optional[Callable[[], Any]] = None
         self.eager_forward_loss = self.forward_loss  # a subclass's override included
         self.ran_compiled = False  # whether the last update ran the compiled forward
+        self.compiled_once = False  # whether a compiled update ran (its compile time said once, not per train())
         if o.compile != "none":
             self._compile(COMPILE_MODES[o.compile])
         if o.lr_schedule is not None and follows_schedule(optimizer):  # optim.lr: one schedule writes the lr
