@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "torchboost"
 LIBRARY = ("models", "data", "optim", "train", "boost", "distributed", "migrate", "compat", "deploy", "errors", "fileio",
            "losses", "seed")
 APPLICATION = ("recipe",)
-FACES = ("cli", "bench", "debug", "__main__")
+FACES = ("cli", "commands", "bench", "debug", "__main__")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -60,7 +60,8 @@ def test_confirmations_write_the_ledger_and_selections_never_touch_it(tmp_path, 
     assert main([*frozen, "-o", str(conf)]) == 0
     ledger = json.loads((sel / LEDGER_NAME).read_text())
     (task,) = ledger["tasks"]
-    assert task["selection"] == [["sgd", 0.05]] and [(r["racer"], r["seed"]) for r in task["runs"]] == [("sgd", 1)]
+    # frozen at the selection's own budget (--epochs 1): the confirmation races sgd@1 whatever its --epochs
+    assert task["selection"] == [["sgd@1", 0.05]] and [(r["racer"], r["seed"]) for r in task["runs"]] == [("sgd@1", 1)]
     assert json.loads((conf / "race.json").read_text())["settings"]["ledger"] == str(sel / LEDGER_NAME)
     capsys.readouterr()
     assert main([*frozen, "-o", str(tmp_path / "again")]) == 2  # the same seed on the test split again

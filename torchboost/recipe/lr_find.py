@@ -91,3 +91,39 @@ def write_results(results: dict[str, LrFindResult], meta: dict, out: Path) -> tu
             fig.savefig(tmp, dpi=110, format="png")  # format: the temp name does not end in .png
         pyplot().close(fig)
     return path, png
+
+
+def lr_find_from_recipe(recipe: str, overrides: Iterable[str] = (), data: str | None = None,
+                        batch_size: int | None = None, optimizers: Iterable[str] | None = None,
+                        start: float = DEFAULT_RANGE[0], end: float = DEFAULT_RANGE[1], updates: int = DEFAULT_UPDATES,
+                        threads: int = 1, output: str | None = None,
+                        log: Callable[[str], None] = print) -> dict[str, LrFindResult]:
+    """`torchboost lr-find` from Python, with the command's result: the recipe read as `train` reads it (--data,
+    the batch fitted to the data), each optimizer swept, the table to `log`, lr-find.json and lr-find.png written
+    to `output` (default runs/lr-find-<recipe name>). Returns each optimizer's result."""
+    import torch
+
+    from torchboost.fileio import check_output_folder
+    from torchboost.recipe.load import load_resolved, recipe_with_data
+    from torchboost.recipe.resolve import fit_batch
+
+    torch.set_num_threads(threads)
+    batch = [] if batch_size is None else [f"data.batch_size={batch_size}"]
+    built, applied, note = recipe_with_data(recipe, [*overrides, *batch], data)
+    cfg, train_ds, _ = load_resolved(built=built)
+    cfg, fitted = fit_batch(cfg, len(train_ds), 1)
+    for line in (note, fitted and f"note: {fitted}"):
+        if line:
+            log(line)
+    out = Path(output or f"runs/lr-find-{cfg.name}")
+    check_output_folder(out)
+    names = list(optimizers or [cfg.optim.name])
+    log(f"lr range test on recipe {recipe}: lr {start:g} to {end:g} over {updates} updates "
+        f"(batch {cfg.data.batch_size}), {', '.join(names)}")
+    results = lr_find(cfg, train_ds, names, start, end, updates)
+    log(format_results(results))
+    meta = {"recipe": recipe, "overrides": applied, "start": start, "end": end, "updates": updates,
+            "batch_size": cfg.data.batch_size, "threads": threads}
+    json_path, png = write_results(results, meta, out)
+    log(f"results: {json_path}; plot: {png}")
+    return results

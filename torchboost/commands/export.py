@@ -1,0 +1,37 @@
+"""`torchboost export`: write a checkpoint for deployment: ONNX, TorchScript or an ExportedProgram, with its input
+size, normalisation and class names recorded."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchboost.errors import printable
+from torchboost.commands.args import add_threads
+
+NAME = "export"
+HELP = ("write a checkpoint for deployment: ONNX, TorchScript or an ExportedProgram, with its input size, "
+        "normalisation and class names recorded")
+THREADS = True  # main applies --threads before run()
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", metavar="CKPT", help="a training checkpoint, or weights with --config")
+    p.add_argument("out", metavar="OUT", help="file to write: .onnx, .pt2 (torch.export's ExportedProgram), "
+                                               ".torchscript.pt or .ts (TorchScript, deprecated by torch)")
+    p.add_argument("--format", choices=["onnx", "torchscript", "exported-program"],
+                    help="the format (default: from OUT's name, which must not name another)")
+    p.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
+    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_threads(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..recipe.export import export_checkpoint
+
+    info, fmt = export_checkpoint(args.checkpoint, args.out, args.format, config=args.config,
+                                  overrides=args.set or [])
+    stats = " ".join(f"{name} ({', '.join(f'{v:.4g}' for v in values)})" for name, values in
+                     (("mean", info.mean), ("std", info.std)))
+    print(f"wrote {printable(args.out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
+          f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes")
+    return 0

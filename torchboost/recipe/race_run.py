@@ -1,0 +1,192 @@
+"""The race's flows — select on a held-out split, confirm on the test split, report saved races — as functions
+callable from Python with the command line's result (`torchboost race` maps its arguments to a RaceRequest and
+calls `race`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from torchboost.errors import ConfigError, suggest
+from torchboost.fileio import check_output_folder, confine_writes
+from torchboost.optim.registry import OPTIMIZERS
+from torchboost.recipe.data import split_source
+from torchboost.recipe.load import load_resolved, recipe_with_data
+from torchboost.recipe.optimizers import default_racers
+from torchboost.recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race, variant_racer
+from torchboost.recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
+from torchboost.recipe.race_report import format_report, headline, is_thor, summarize, write_results
+from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, confirmation_targets, fixed_targets,
+                                           fixed_targets_line, frozen_racers, grid_edges, pooled_lanes,
+                                           pooled_settings, raced_targets, read_race, selections)
+from torchboost.recipe.race_trace import trace_figure_path
+from torchboost.recipe.racer_name import parse_racer
+from torchboost.train.device import device_name
+
+DEFAULT_RACE_TARGETS = (0.975, 0.98)
+
+
+@dataclass
+class RaceRequest:
+    """What `torchboost race` is asked (its arguments, by the same names and defaults)."""
+
+    config: str = "mnist-lenet-thor"
+    set: list[str] = field(default_factory=list)
+    data: Optional[str] = None
+    batch_size: Optional[int] = None
+    optimizers: Optional[list[str]] = None
+    lr: list[str] = field(default_factory=list)
+    targets: Optional[list[float]] = None
+    seeds: int = 3
+    first_seed: int = 0
+    epochs: Optional[int] = None
+    budget: list[str] = field(default_factory=list)
+    time_budget: Optional[float] = None
+    full_budget: bool = False
+    evals_per_epoch: int = 4
+    trace: bool = False
+    lr_find: bool = False
+    threads: int = 1
+    output: Optional[str] = None
+    holdout: int = 0
+    frozen: Optional[str] = None
+    ledger: Optional[str] = None
+    report: Optional[list[str]] = None
+
+    @classmethod
+    def of(cls, namespace: object) -> "RaceRequest":
+        """The request an argparse namespace holds (None for a list argument not given: its empty list)."""
+        values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if v is not None or k not in ("set", "lr", "budget")})
+
+
+def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
+    """`torchboost race` from Python, with the command's result: what it prints goes to `log`, what it writes to
+    `request.output`; returns the race's summary (`race_report.summarize`, with the split it was evaluated on).
+    A --holdout race selects and fixes the confirmation's targets; --frozen confirms on the test split, recorded
+    in the ledger first; --report pools saved races (`race_report`)."""
+    if request.report:
+        return race_report(request, log)
+    torch.set_num_threads(request.threads)  # fixed and reported: timings depend on it
+    if request.frozen and (request.optimizers or request.lr or request.budget or request.lr_find or request.holdout):
+        raise ConfigError("--frozen races the optimizers, lrs and budgets its selection chose, on the test split",
+                          "drop --optimizers, --lr, --budget, --lr-find and --holdout (or select again)")
+    if request.ledger and request.holdout:
+        raise ConfigError("--ledger records races on the test split; --holdout never reads it",
+                          "drop --ledger when selecting")
+    optimizers = request.optimizers or default_racers()
+    for name in optimizers:  # before any data is read (a variant's options are checked once the config is)
+        base = parse_racer(name).base
+        if base not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {base!r} in --optimizers {name}", suggest(base, list(OPTIMIZERS)))
+    grids, budgets = parse_lr_grids(request.lr or []), parse_budgets(request.budget or [])
+    for flag, named in (("--lr", grids), ("--budget", budgets)):
+        unused = [name for name in named if name not in optimizers]
+        if unused:
+            raise ConfigError(f"{flag} names {unused[0]}, which is not among --optimizers "
+                              f"{' '.join(optimizers)}", suggest(unused[0], optimizers))
+    batch = [] if request.batch_size is None else [f"data.batch_size={request.batch_size}"]
+    built, overrides, note = recipe_with_data(request.config, [*(request.set or []), *batch], request.data)  # as `train` reads --data
+    if note:
+        log(note)
+    targets = tuple(request.targets or DEFAULT_RACE_TARGETS)
+    seeds = range(request.first_seed, request.first_seed + request.seeds)
+    chosen = None
+    ledger = Path(request.ledger) if request.ledger else default_ledger(request.frozen) if request.frozen else None
+    if request.frozen:  # before any data is read: a wrong selection file is a one-line error at once
+        selection = read_race(Path(request.frozen))
+        check_same_task(selection, request.frozen, request.config, overrides)
+        targets = confirmation_targets(selection, request.frozen, request.targets)
+        check_fresh_seeds(selection, request.frozen, seeds)
+        chosen = selections(selection, request.frozen)
+    if ledger is not None:  # checked again, and written, when the test split is about to be read
+        check_ledger(read_ledger(ledger), ledger, request.config, overrides,
+                     [(s.racer, s.lr) for s in chosen or ()], seeds)
+    # a confirmation, and any race the ledger records, reads the test split itself (refused when missing), never a
+    # folder's val/
+    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=request.holdout,
+                                           exact_split="test" if ledger else None)  # the recipe read once
+    evaluated = (f"{request.holdout} training samples held out of {split_source(cfg.data, 'train')}" if request.holdout
+                 else split_source(cfg.data, "test", exact=ledger is not None))
+    cfg, lines = race_setup(request.config, cfg, len(train_ds), request.epochs or cfg.train.epochs)
+    lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images")
+    if request.holdout:
+        lines.append(f"selecting on {request.holdout} training samples held out (the test split is not read); confirm "
+                     "with --frozen OUTPUT/race.json on fresh seeds")
+    log("\n".join(lines))  # what is raced, before the first of many runs
+    if chosen is not None:
+        racers = frozen_racers(chosen, cfg)
+        log("frozen: " + ", ".join(f"{r.name} lr {r.lrs[0]:g}" for r in racers))
+    else:
+        if request.lr_find:  # centre the grids the user did not give on each optimizer's lr-find suggestion
+            from torchboost.recipe.lr_find import lr_find_grids
+
+            sweep = [n for n in optimizers if n not in grids]
+            if any("[" in n for n in sweep):
+                raise ConfigError("--lr-find sweeps registered optimizers, not variants",
+                                  f"give {next(n for n in sweep if '[' in n)} its grid with --lr")
+            grids.update(lr_find_grids(cfg, train_ds, sweep))
+        racers = [r for name in optimizers
+                  for r in budget_racers(variant_racer(name, cfg, grids.get(name)), budgets.get(name))]
+    meta = {"recipe": request.config, "overrides": overrides, "targets": targets, "seeds": request.seeds,
+            "first_seed": request.first_seed, "evals_per_epoch": request.evals_per_epoch,
+            "epochs": request.epochs or cfg.train.epochs, "time_budget_s": request.time_budget,
+            "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
+            "holdout": request.holdout, "frozen": request.frozen, "full_budget": request.full_budget,
+            "evaluated_on": evaluated, "evaluation_images": len(eval_ds), "ledger": str(ledger) if ledger else None}
+    out = Path(request.output or f"runs/race-{cfg.name}")
+    check_output_folder(out)  # before the first epoch, not at the first save
+    if ledger is not None:  # every (configuration, seed) about to be evaluated on the test split, before it is
+        record(ledger, request.config, overrides, [(r.name, lr) for r in racers for lr in r.lrs], seeds,
+               str(out / "race.json"), [(s.racer, s.lr) for s in chosen] if chosen is not None else None)
+        log(f"test-split ledger: {ledger}")
+
+    def save(lanes: list) -> tuple[Path, Path]:
+        return write_results(lanes, {**summarize(lanes, targets), "evaluated_on": evaluated}, meta, out)
+
+    lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, targets, epochs=request.epochs,
+                     time_budget_s=request.time_budget, stop_at_targets=not request.full_budget, on_round=save,
+                     trace=request.trace, evals_per_epoch=request.evals_per_epoch)
+    summary = {**summarize(lanes, targets), "evaluated_on": evaluated}  # every figure names its split
+    log(format_report(summary, request.threads, device_name(lanes[0].device)))
+    for racer in racers:
+        if is_thor(racer.name) and len(racers) > 1:
+            log(headline(summary, racer.name))
+    if request.holdout:  # the selection ends: the confirmation's targets are fixed now, in its race.json
+        meta["fixed_targets"] = fixed_targets(summary)
+        log("\n".join([*grid_edges(summary, lanes), fixed_targets_line(meta["fixed_targets"])]))
+    json_path, png = save(lanes)
+    log(f"results: {json_path}; plot: {png}")
+    if request.trace:
+        with confine_writes(out):
+            log(f"trace: {trace_figure_path(lanes, summary, out / 'race-trace.png')}")
+    return summary
+
+
+def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
+    """`race --report FILE...`: the table of saved races, pooled (`race_select.pooled_lanes`), without training;
+    with `request.output` also the pooled race.json and race.png. Returns the pooled summary."""
+    lanes = pooled_lanes([Path(p) for p in request.report])
+    settings = read_race(Path(request.report[0]))["settings"]
+    if settings.get("holdout"):  # pooled selections: the confirmation's targets from every pooled run
+        pooled = summarize(lanes, raced_targets(settings, request.report[0]))
+        settings = {**settings, "fixed_targets": fixed_targets(pooled)}
+        log("\n".join([*grid_edges(pooled, lanes), fixed_targets_line(settings["fixed_targets"])]))
+    targets = tuple(request.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
+    on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
+    summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}
+    log(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
+    names = list(dict.fromkeys(l.racer for l in lanes))
+    for name in names:
+        if is_thor(name) and len(names) > 1:
+            log(headline(summary, name))
+    if request.output:
+        out = Path(request.output)
+        check_output_folder(out)
+        json_path, png = write_results(lanes, summary, pooled_settings(settings, lanes, request.report), out)
+        log(f"results: {json_path}; plot: {png}")
+    return summary
