@@ -65,3 +65,21 @@ def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsy
     for k in range(10):
         assert probs[ckpt][str(k)] == pytest.approx(float(p[k]), abs=1e-5)
         assert probs[onnx][str(k)] == pytest.approx(probs[ckpt][str(k)], abs=1e-4)
+
+
+def test_a_race_evaluates_with_the_recipes_tta():
+    """`race --set eval.tta=flip`: every lane's evaluation counts the flip-averaged logits' top-1, as eval does."""
+    import torch
+    from torch import nn
+
+    from torchboost.recipe.race import Lane
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(2 * 5 * 5, 3))  # not mirror-symmetric: the two counts differ
+    x, y = torch.randn(64, 2, 5, 5), torch.randint(0, 3, (64,))
+    with torch.no_grad():
+        plain = (net(x).argmax(1) == y).float().mean().item()
+        flipped = ((net(x) + net(x.flip(-1))).argmax(1) == y).float().mean().item()
+    assert plain != flipped
+    lanes = {mode: Lane("sgd", 0.1, 0, net, None, None, tta=mode) for mode in ("none", "flip")}
+    assert lanes["none"].evaluate([(x, y)]) == plain and lanes["flip"].evaluate([(x, y)]) == flipped

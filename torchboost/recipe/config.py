@@ -32,6 +32,7 @@ from torchboost.recipe.optimizers import drop_removed, option_sections
 from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 from torchboost.train.step import COMPILE_MODES, NONFINITE_POLICIES
+from torchboost.train.tta import TTA_MODES
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 MODELS = tuple(list_models())
@@ -295,7 +296,7 @@ class DistSection:
 
 @dataclass
 class EvalSection:
-    tta: str = option("none", choices=("none", "flip"), help="test-time augmentation of every evaluation of the "
+    tta: str = option("none", choices=TTA_MODES, help="test-time augmentation of every evaluation of the "
                                                              "run (validation, test at the end, eval, predict, "
                                                              "export): flip = logits averaged with the mirrored "
                                                              "image's")

@@ -43,6 +43,7 @@ from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
 from torchboost.train.eval_weights import to_eval_weights, to_train_weights
 from torchboost.train.step import TrainStep, prepare_input
+from torchboost.train.tta import with_tta
 
 # (model, lr, updates per epoch, epochs) -> optimizer
 BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
@@ -233,6 +234,7 @@ class Lane:
     before: dict | None = field(default=None, repr=False)  # with trace: the weights before that update
     traced: dict | None = field(default=None, repr=False)  # with trace: the epoch's row of layer_trace
     input_norm: tuple | None = None  # (mean, std) of uint8 batches, normalised on the device as the step does
+    tta: str = "none"  # eval.tta: how every evaluation sees the model (flip: logits averaged with the mirror's)
 
     def train_epoch(self, epoch: int, checkpoints: int = 1,
                     at_checkpoint: Callable[[float, float], None] | None = None) -> float:
@@ -284,7 +286,8 @@ class Lane:
     @torch.no_grad()
     def evaluate(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         self.model.eval()
-        hits = sum(int((self.model(x).argmax(1) == y).sum()) for x, y in batches)
+        model = with_tta(self.model, self.tta)
+        hits = sum(int((model(x).argmax(1) == y).sum()) for x, y in batches)
         return hits / sum(len(y) for _, y in batches)
 
 
@@ -307,7 +310,7 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
         train_step = TrainStep(model, loss_fn, opt, lr_schedule=schedule, input_norm=norm, device=device)
         step = lambda x, y, k: train_step([(x, y)], k).loss  # noqa: E731
     return Lane(racer.name, lr, seed, model, step, loader, budget=cfg.train.epochs, device=device, optimizer=opt,
-                input_norm=norm)
+                input_norm=norm, tta=cfg.eval.tta)
 
 
 def relative_schedule(cfg: Config, lr: float) -> Config:
