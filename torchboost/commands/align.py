@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchboost.commands.args import DEFAULT_RECIPE, int_between, add_threads, DIAGNOSTIC_BATCH
+from torchboost.commands.args import DIAGNOSTIC_BATCH, add_recipe, add_threads, int_between
 
 NAME = "align"
 HELP = "run a few training steps on two implementations and report the first divergence"
@@ -12,8 +12,7 @@ THREADS = True  # main applies --threads before run()
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="our side: recipe name or YAML path")
-    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_recipe(p, what="our side: recipe name or YAML path")
     ref = p.add_mutually_exclusive_group(required=True)
     ref.add_argument("--reference", metavar="MODULE:CALLABLE", help="a torch model factory, e.g. pkg.mod:make")
     ref.add_argument("--reference-config", metavar="RECIPE", help="another torchboost recipe")

@@ -80,6 +80,13 @@ def accuracy_target(text: str) -> float:
     return value
 
 
+def add_recipe(p: argparse.ArgumentParser, default: Optional[str] = DEFAULT_RECIPE,
+               what: str = "recipe name or YAML path") -> None:
+    """--config/-c (the recipe) and --set/-s (its overrides), as every command that reads a recipe takes them."""
+    p.add_argument("--config", "-c", default=default, help=what)
+    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+
+
 def add_threads(p: argparse.ArgumentParser) -> None:
     """--threads N on a command that computes (main applies it before the command runs)."""
     p.add_argument("--threads", type=int_between(1, 1024), help="torch's CPU threads (default: torch's choice)")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from torchboost.fileio import atomic_write
-from torchboost.commands.args import DEFAULT_RECIPE, add_threads, DIAGNOSTIC_BATCH
+from torchboost.commands.args import DIAGNOSTIC_BATCH, add_recipe, add_threads
 
 NAME = "debug-layers"
 HELP = "per-layer output/gradient statistics for one batch"
@@ -14,8 +14,7 @@ THREADS = True  # main applies --threads before run()
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=DEFAULT_RECIPE, help="recipe name or YAML path")
-    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_recipe(p)
     p.add_argument("--checkpoint", help="weights to inspect (default: fresh initialisation)")
     p.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=16, help="images in the batch")
     p.add_argument("--batch", choices=["random", "data"], default="data",

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from torchboost.commands.args import add_threads
+from torchboost.commands.args import add_recipe, add_threads
 
 NAME = "eval"
 HELP = "evaluate a checkpoint (top-1/top-5/loss)"
@@ -16,8 +16,7 @@ THREADS = True  # main applies --threads before run()
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a training checkpoint, or weights (.pt/.safetensors) "
                                                        "with --config")
-    p.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
-    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_recipe(p, None, "recipe that built plain weights (training checkpoints carry theirs)")
     p.add_argument("--data", help="image folder to evaluate on (default: the run's own data)")
     p.add_argument("--split", choices=["train", "val", "test"],
                    help="the split to evaluate, read exactly: a folder's train/, val/ or test/ (default: the run's "

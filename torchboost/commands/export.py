@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from torchboost.errors import printable
-from torchboost.commands.args import add_threads
+from torchboost.commands.args import add_recipe, add_threads
 
 NAME = "export"
 HELP = ("write a checkpoint for deployment: ONNX, TorchScript or an ExportedProgram, with its input size, "
@@ -20,8 +20,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                                                ".torchscript.pt or .ts (TorchScript, deprecated by torch)")
     p.add_argument("--format", choices=["onnx", "torchscript", "exported-program"],
                     help="the format (default: from OUT's name, which must not name another)")
-    p.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
-    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_recipe(p, None, "recipe that built plain weights (training checkpoints carry theirs)")
     add_threads(p)
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 from torchboost.errors import printable
-from torchboost.commands.args import positive_int, add_threads
+from torchboost.commands.args import add_recipe, add_threads, positive_int
 
 NAME = "predict"
 HELP = "top-k classes of image files (or every image in folders)"
@@ -19,8 +19,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a training checkpoint, weights in any format with --config, "
                                                        "or an .onnx from `torchboost export` (run by ONNX Runtime, "
                                                        "preprocessed as it records)")
-    p.add_argument("--config", "-c", help="recipe that built plain weights (training checkpoints carry theirs)")
-    p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    add_recipe(p, None, "recipe that built plain weights (training checkpoints carry theirs)")
     p.add_argument("--topk", type=positive_int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--format", choices=["text", "json", "csv"], default="text", help="output format")
     p.add_argument("images", nargs="+", help="image files or folders")
