@@ -316,3 +316,24 @@ def test_a_grid_whose_winner_sits_at_its_edge_names_the_next_lr_out():
         "it (--report) before confirming",
         "grid edge: muon chose lr 0.01, the lowest it raced: race --lr 'muon=0.005' in another selection stage and "
         "pool it (--report) before confirming"]
+
+
+def test_the_race_flow_from_python_gives_the_commands_result(tmp_path, capsys):
+    """`race(RaceRequest(...))` is `torchboost race` with the same arguments: the same runs, lrs, seeds and
+    accuracies (the seconds differ: they are measured), and it says what the command prints."""
+    from torchboost.recipe.race_run import RaceRequest, race
+
+    args = dict(config="digits-lenet", set=["data.batch_size=64"], optimizers=["sgd", "muon"],
+                lr=["sgd=0.05", "muon=0.02"], epochs=1, seeds=1, targets=[0.3], holdout=300, evals_per_epoch=1)
+    said: list[str] = []
+    summary = race(RaceRequest(**args, output=str(tmp_path / "py")), log=said.append)
+    assert main(["race", "-c", "digits-lenet", "--set", "data.batch_size=64", "--optimizers", "sgd", "muon",
+                 "--lr", "sgd=0.05", "--lr", "muon=0.02", "--epochs", "1", "--seeds", "1", "--targets", "0.3",
+                 "--holdout", "300", "--evals-per-epoch", "1", "-o", str(tmp_path / "cli")]) == 0
+    printed = capsys.readouterr().out
+    runs = {d: json.loads((tmp_path / d / "race.json").read_text())["runs"] for d in ("py", "cli")}
+    accs = {d: [(r["optimizer"], r["lr"], r["seed"], [h["val_top_1_accuracy"] for h in r["history"]])
+                for r in rs] for d, rs in runs.items()}
+    assert accs["py"] == accs["cli"]
+    assert summary["chosen_lr"] == {"sgd": 0.05, "muon": 0.02}
+    assert any(line.startswith("confirmation targets fixed") for line in said) and "confirmation targets fixed" in printed

@@ -19,7 +19,6 @@ own), and timm cannot be imported against this torch; the arithmetic is three li
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import torch
@@ -42,11 +41,9 @@ class _Wrapped(TrainerProtocol, torch.optim.Optimizer):
             raise ConfigError(f"{type(base).__name__} already evaluates other weights than it trains",
                               "average one optimizer that does not (set train.average=none for schedule-free)")
         self.base = base
+        # the base's own groups, state and defaults (shared, not copied); step, zero_grad and the state dict are the
+        # base's too, so none of torch's Optimizer machinery runs on the wrapper itself
         self.param_groups, self.state, self.defaults = base.param_groups, base.state, base.defaults
-        for name in ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks", "_optimizer_state_dict_pre_hooks",
-                     "_optimizer_state_dict_post_hooks", "_optimizer_load_state_dict_pre_hooks",
-                     "_optimizer_load_state_dict_post_hooks"):
-            setattr(self, name, OrderedDict())
         for g in self.param_groups:
             g.setdefault(COUNT, 0)
 
