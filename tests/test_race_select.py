@@ -16,8 +16,8 @@ from torchboost.errors import ConfigError
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import Lane
 from torchboost.recipe.race_report import summarize
-from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, pooled_lanes, read_race,
-                                           selections)
+from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, finalists, fixed_targets, lanes_of,
+                                           pooled_lanes, read_race, selections)
 
 
 def tensor_set(n=60, shift=0):
@@ -85,6 +85,34 @@ def test_selection_takes_each_optimizers_best_budget_and_lr(tmp_path):
     picks = {s.optimizer: s for s in selections(read_race(race_json(tmp_path / "r.json", runs=runs)), "r.json")}
     assert (picks["sgd"].lr, picks["sgd"].epochs, picks["sgd"].racer) == (0.05, 8, "sgd@8")
     assert (picks["muon"].lr, picks["muon"].epochs, picks["muon"].racer) == (0.02, 2, "muon@2")  # the race's epochs
+
+
+def selection_with_budgets(tmp_path):
+    """Raced targets 0.85/0.9; the best rival's final is muon@12's 0.95, so the confirmation's are 0.935/0.947."""
+    runs = [run("muon@8", 0.05, 0, [0.80, 0.88, 0.91, 0.92]),  # 0.9 soonest (3 s), never 0.935
+            run("muon@12", 0.05, 0, [0.70, 0.80, 0.86, 0.90, 0.93, 0.95]),  # 0.947 at 6 s (its last evaluation)
+            run("thor", 0.1, 0, [0.8, 0.9, 0.94, 0.95]),  # 0.935 at 3 s, 0.947 at 4 s
+            run("thor[damping_mode=trace]", 0.1, 0, [0.9, 0.95, 0.96, 0.96]),  # 0.947 at 2 s
+            run("adamw", 0.01, 0, [0.7, 0.85, 0.9, 0.91]), run("sgd", 0.1, 0, [0.5, 0.6, 0.7, 0.8])]
+    return read_race(race_json(tmp_path / "r.json", targets=(0.85, 0.9), runs=runs))
+
+
+def test_budgets_are_chosen_at_the_confirmations_targets_best_first(tmp_path):
+    """muon@8 reaches the raced 90% soonest but stops below the confirmation's 93.5%: choosing it would lose
+    Muon the top line by its budget alone. Ranked at the fixed targets, muon@12 is Muon's selection."""
+    data = selection_with_budgets(tmp_path)
+    assert fixed_targets(summarize(lanes_of(data, "r"), (0.85, 0.9)))["targets"] == [0.935, 0.947]
+    assert [s.racer for s in selections(data, "r")] == ["thor[damping_mode=trace]@2", "thor@2", "muon@12",
+                                                         "adamw@2", "sgd@2"]
+
+
+def test_finalists_are_the_best_thor_and_the_best_others_of_the_selection(tmp_path):
+    chosen = selections(selection_with_budgets(tmp_path), "r")
+    assert [s.racer for s in finalists(chosen, 3)] == ["thor[damping_mode=trace]@2", "muon@12", "adamw@2"]
+    assert [s.racer for s in finalists(chosen, 2)] == ["thor[damping_mode=trace]@2", "muon@12"]
+    with pytest.raises(ConfigError, match="without a rival"):
+        finalists(chosen, 1)
+    assert main(["race", "--finalists", "3"]) == 2  # picks among a selection's winners: --frozen is needed
 
 
 def test_a_configuration_that_collapsed_after_crossing_the_target_is_not_selected(tmp_path):

@@ -58,6 +58,9 @@ def later_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--frozen", metavar="RACE_JSON",
                     help="race each optimizer at the lr and budget a --holdout race chose (its race.json), on the test "
                          "split and fresh seeds (--first-seed past the selection's)")
+    rc.add_argument("--finalists", type=int_between(2, 1000), metavar="K",
+                    help="with --frozen: confirm only the selection's best THOR-family racer and its K-1 best others "
+                         "(ranked on its held-out split), when confirming every racer costs too much")
     rc.add_argument("--ledger", metavar="FILE",
                     help="the test-split ledger: every (configuration, seed) a race evaluates on the test split, per "
                          "task; a seed already there, or a configuration outside the task's first confirmed selection, "

@@ -20,8 +20,8 @@ from torchboost.recipe.optimizers import default_racers
 from torchboost.recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race, variant_racer
 from torchboost.recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
 from torchboost.recipe.race_report import format_report, headline, is_thor, summarize, write_results
-from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, confirmation_targets, fixed_targets,
-                                           fixed_targets_line, frozen_racers, grid_edges, pooled_lanes,
+from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, close_selection,
+                                           confirmation_targets, finalists, frozen_racers, pooled_lanes,
                                            pooled_settings, raced_targets, read_race, selections)
 from torchboost.recipe.race_trace import trace_figure_path
 from torchboost.recipe.racer_name import parse_racer
@@ -54,6 +54,7 @@ class RaceRequest:
     output: Optional[str] = None
     holdout: int = 0
     frozen: Optional[str] = None
+    finalists: Optional[int] = None
     ledger: Optional[str] = None
     report: Optional[list[str]] = None
 
@@ -75,6 +76,8 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
     if request.frozen and (request.optimizers or request.lr or request.budget or request.lr_find or request.holdout):
         raise ConfigError("--frozen races the optimizers, lrs and budgets its selection chose, on the test split",
                           "drop --optimizers, --lr, --budget, --lr-find and --holdout (or select again)")
+    if request.finalists and not request.frozen:
+        raise ConfigError("--finalists picks among a selection's winners", "give --frozen SELECTION/race.json too")
     if request.ledger and request.holdout:
         raise ConfigError("--ledger records races on the test split; --holdout never reads it",
                           "drop --ledger when selecting")
@@ -103,6 +106,12 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
         targets = confirmation_targets(selection, request.frozen, request.targets)
         check_fresh_seeds(selection, request.frozen, seeds)
         chosen = selections(selection, request.frozen)
+        if request.finalists:
+            kept = finalists(chosen, request.finalists)
+            log(f"finalists (the selection's best THOR-family racer and best others, on its held-out split): "
+                f"{', '.join(s.racer for s in kept)}; not confirmed: "
+                f"{', '.join(s.racer for s in chosen if s not in kept) or 'none'}")
+            chosen = kept
     if ledger is not None:  # checked again, and written, when the test split is about to be read
         check_ledger(read_ledger(ledger), ledger, request.config, overrides,
                      [(s.racer, s.lr) for s in chosen or ()], seeds)
@@ -136,7 +145,7 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
             "first_seed": request.first_seed, "evals_per_epoch": request.evals_per_epoch,
             "epochs": request.epochs or cfg.train.epochs, "time_budget_s": request.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
-            "holdout": request.holdout, "frozen": request.frozen, "full_budget": request.full_budget,
+            "holdout": request.holdout, "frozen": request.frozen, "finalists": request.finalists, "full_budget": request.full_budget,
             "evaluated_on": evaluated, "evaluation_images": len(eval_ds), "ledger": str(ledger) if ledger else None}
     out = Path(request.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
@@ -157,8 +166,8 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
         if is_thor(racer.name) and len(racers) > 1:
             log(headline(summary, racer.name))
     if request.holdout:  # the selection ends: the confirmation's targets are fixed now, in its race.json
-        meta["fixed_targets"] = fixed_targets(summary)
-        log("\n".join([*grid_edges(summary, lanes), fixed_targets_line(meta["fixed_targets"])]))
+        meta["fixed_targets"], lines = close_selection(lanes, targets)
+        log("\n".join(lines))
     json_path, png = save(lanes)
     log(f"results: {json_path}; plot: {png}")
     if request.trace:
@@ -173,9 +182,9 @@ def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dic
     lanes = pooled_lanes([Path(p) for p in request.report])
     settings = read_race(Path(request.report[0]))["settings"]
     if settings.get("holdout"):  # pooled selections: the confirmation's targets from every pooled run
-        pooled = summarize(lanes, raced_targets(settings, request.report[0]))
-        settings = {**settings, "fixed_targets": fixed_targets(pooled)}
-        log("\n".join([*grid_edges(pooled, lanes), fixed_targets_line(settings["fixed_targets"])]))
+        fixed, lines = close_selection(lanes, raced_targets(settings, request.report[0]))
+        settings = {**settings, "fixed_targets": fixed}
+        log("\n".join(lines))
     targets = tuple(request.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
     on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
     summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}

@@ -112,17 +112,22 @@ def check_race_schema(data: dict, source: str) -> None:
 
 
 def selections(data: dict, source: str) -> list[Selection]:
-    """Per optimizer the budget and lr a selection race chose: among its budgets (`NAME@EPOCHS` racers) the one
-    whose chosen lr reaches the highest target on the median seed soonest. Refused unless the race selected on
-    a validation split (`--holdout`). Ranked from the file's runs (`summarize`: the hold rule, `reached_at`),
-    not from the summary stored beside them, which an older version may have computed by another rule."""
+    """Per optimizer the budget and lr a selection race chose, best first: among its lrs and budgets
+    (`NAME@EPOCHS` racers) the one that reaches the highest of the confirmation's targets on the median seed
+    soonest. Ranked at the targets the confirmation measures (`fixed_targets`, from the same runs), not the ones
+    the selection raced: a budget that reaches 90% soonest but stops short of the higher target would lose a
+    rival the race's top line by its budget alone. Refused unless the race selected on a validation split
+    (`--holdout`). Ranked from the file's runs (`summarize`: the hold rule, `reached_at`), not from the summary
+    stored beside them, which an older version may have computed by another rule."""
     settings = data["settings"]
     if not isinstance(settings.get("holdout"), int) or settings["holdout"] <= 0:
         raise ConfigError(f"{source} was raced on the test split, so choosing from it and reporting on it would "
                           "count the same luck twice", "select with `torchboost race --holdout N` first")
     if not data["runs"]:
         raise ConfigError(f"{source} holds no runs", "give the race.json a race wrote after its first round")
-    summary = summarize(lanes_of(data, source), raced_targets(settings, source))
+    lanes = lanes_of(data, source)
+    confirmed = fixed_targets(summarize(lanes, raced_targets(settings, source)))["targets"]
+    summary = summarize(lanes, confirmed)
     targets, chosen = summary["targets"], summary["chosen_lr"]
     best: dict[str, tuple[tuple, Selection]] = {}
     for racer, lr in chosen.items():
@@ -140,7 +145,18 @@ def selections(data: dict, source: str) -> list[Selection]:
         pick = Selection(name, lr, parsed.epochs if parsed.epochs is not None else settings.get("epochs"))
         if name not in best or key < best[name][0]:
             best[name] = (key, pick)
-    return [s for _, s in best.values()]
+    return [s for _, s in sorted(best.values(), key=lambda kv: kv[0])]
+
+
+def finalists(chosen: Sequence[Selection], count: int) -> list[Selection]:
+    """The confirmation's racers when it cannot afford them all: the selection's best THOR-family racer and its
+    `count - 1` best others (`chosen` is best first, `selections`) — decided on the held-out split, so which
+    rival is left out is not a choice made after seeing the test split."""
+    if count < 2:
+        raise ConfigError(f"--finalists {count} leaves THOR without a rival", "give --finalists 2 or more")
+    thor = [s for s in chosen if is_thor(s.optimizer)][:1]
+    others = [s for s in chosen if not is_thor(s.optimizer)][:count - len(thor)]
+    return [s for s in chosen if s in thor or s in others]
 
 
 def raced_targets(settings: dict, source: str) -> tuple[float, ...]:
@@ -295,6 +311,14 @@ def fixed_targets_line(fixed: dict) -> str:
     return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
             f"{fixed['rival_median_final']:.1%} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
             f"{note}); --frozen races these")
+
+
+def close_selection(lanes: Sequence[Lane], raced: Sequence[float]) -> tuple[dict, list[str]]:
+    """What a selection (or a pool of its stages) fixes when it ends, and says: the confirmation's targets
+    (`fixed_targets`, from the runs at the raced targets) and the grids whose winner at those targets — the rule
+    `selections` picks by — sits at an edge (`grid_edges`)."""
+    fixed = fixed_targets(summarize(lanes, raced))
+    return fixed, [*grid_edges(summarize(lanes, fixed["targets"]), lanes), fixed_targets_line(fixed)]
 
 
 def grid_edges(summary: dict, lanes: Sequence[Lane]) -> list[str]:

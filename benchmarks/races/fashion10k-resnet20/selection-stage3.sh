@@ -1,32 +1,37 @@
 #!/bin/bash
-# Stage 3 of the Fashion-MNIST ResNet-20 selection: epoch budgets 5 and 12 at each finalist's chosen lr (stages 1
-# and 2 pooled). Finalists, decided on the held-out split: the best THOR-family racer and the best three others by
-# the selection's own rule (the highest target reached soonest at 8 epochs, `race_report.reach_key`): successive
-# halving, since a 5- or 12-epoch budget of a racer that trails at 8 decides nothing the confirmation compares.
+# Stages 2c and 3 of the Fashion-MNIST ResNet-20 selection (holdout 2000, seed 0, --full-budget, 2 evaluations an
+# epoch, one process per core).
+# Finalists, decided on the held-out split (stages 1, 2, 2b pooled) by the rule `race --frozen --finalists 4`
+# applies (`race_select.finalists`): the best THOR-family racer and the best three others, ranked at the
+# confirmation's fixed targets (`race_select.selections`): thor, soap, muon, adamw_schedulefree. Ranked so,
+# Muon's grid is won at its top edge (0.125), so stage 2c races muon=0.312 at 8 epochs first.
+# Stage 3: epoch budgets 5 and 12 for each finalist at its chosen lr — successive halving, since a 5- or 12-epoch
+# budget of a racer that trails at 8 decides nothing the confirmation compares. THOR's and SOAP's lrs do not
+# depend on stage 2c, so process b races them at once; process a races Muon's extension, then Muon's and
+# schedule-free AdamW's budgets at the lrs the pool of stages 1-2c chooses.
 cd /work/main
-.venv/bin/torchboost race --report runs/fashion-sel1-a/race.json runs/fashion-sel1-b/race.json \
-  runs/fashion-sel2-a/race.json runs/fashion-sel2-b/race.json -o runs/fashion-sel12 > runs/fashion-sel12.report 2>&1
-mapfile -t PICKS < <(.venv/bin/python - <<'PY'
-import json
-from torchboost.recipe.race_report import is_thor, reach_key
-d = json.load(open("runs/fashion-sel12/race.json"))
-s = d["summary"]
-key = {n: reach_key({float(t): rows[n] for t, rows in s["targets"].items()}) for n in s["chosen_lr"]}
-thor = sorted((n for n in key if is_thor(n)), key=key.get)[:1]
-others = sorted((n for n in key if not is_thor(n)), key=key.get)[:3]
-for n in thor + others:
-    print(f"{n}={s['chosen_lr'][n]:g}")
-PY
-)
-echo "stage 3 finalists: ${PICKS[*]}"
-run() {  # $1 = a|b, then NAME=LR items, each raced at 5 and 12 epochs
-  part=$1; shift
+R=(.venv/bin/torchboost race -c resnet20-fashion10k-thor --holdout 2000 --seeds 1 --first-seed 0 --epochs 8
+   --full-budget --evals-per-epoch 2 --threads 1 --targets 0.85 0.88 0.90)
+STAGES="runs/fashion-sel1-a/race.json runs/fashion-sel1-b/race.json runs/fashion-sel2-a/race.json
+  runs/fashion-sel2-b/race.json runs/fashion-sel2b-a/race.json runs/fashion-sel2b-b/race.json"
+lr_of() {  # the lr the pooled selection in $1 chooses for racer $2
+  .venv/bin/python -c "
+from pathlib import Path
+from torchboost.recipe.race_select import read_race, selections
+print(next(f'{s.lr:g}' for s in selections(read_race(Path('$1')), 'pool') if s.optimizer == '$2'))"
+}
+budgets() {  # $1 = output name, then NAME=LR items, each raced at 5 and 12 epochs
+  out=$1; shift
   names=(); args=()
   for e in "$@"; do names+=("${e%=*}"); args+=(--lr "$e" --budget "${e%=*}=5,12"); done
-  .venv/bin/torchboost race -c resnet20-fashion10k-thor --holdout 2000 --seeds 1 --first-seed 0 --epochs 8 \
-    --full-budget --evals-per-epoch 2 --threads 1 --targets 0.85 0.88 0.90 --optimizers "${names[@]}" "${args[@]}" \
-    -o runs/fashion-sel3-$part > runs/fashion-sel3-$part.log 2>&1
+  "${R[@]}" --optimizers "${names[@]}" "${args[@]}" -o runs/$out > runs/$out.log 2>&1
 }
-run a "${PICKS[0]}" "${PICKS[3]}" &
-run b "${PICKS[1]}" "${PICKS[2]}" &
+(
+  "${R[@]}" --optimizers muon --lr 'muon=0.312' -o runs/fashion-sel2c-a > runs/fashion-sel2c-a.log 2>&1
+  .venv/bin/torchboost race --report $STAGES runs/fashion-sel2c-a/race.json -o runs/fashion-sel12c \
+    > runs/fashion-sel12c.report 2>&1
+  budgets fashion-sel3-a "muon=$(lr_of runs/fashion-sel12c/race.json muon)" \
+    "adamw_schedulefree=$(lr_of runs/fashion-sel12c/race.json adamw_schedulefree)"
+) &
+budgets fashion-sel3-b "thor=$(lr_of runs/fashion-sel12b/race.json thor)" "soap=$(lr_of runs/fashion-sel12b/race.json soap)" &
 wait
