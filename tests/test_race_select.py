@@ -115,6 +115,14 @@ def test_finalists_are_the_best_thor_and_the_best_others_of_the_selection(tmp_pa
     assert main(["race", "--finalists", "3"]) == 2  # picks among a selection's winners: --frozen is needed
 
 
+@pytest.mark.parametrize("value", ["0", "1", "-3", "1e9", "nan", "inf", "2.5", "", "x", "0x10", "\u0663", "9" * 400])
+def test_a_hostile_finalists_count_is_one_line(tmp_path, capsys, value):
+    sel = race_json(tmp_path / "r.json", targets=(0.85, 0.9))
+    assert main(["race", "--frozen", str(sel), "--first-seed", "5", "--finalists", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--finalists" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
 def test_a_configuration_that_collapsed_after_crossing_the_target_is_not_selected(tmp_path):
     """sgd@8 crossed 95% at 2 s and fell to 33% at the next evaluation; sgd@10 reached it at 3 s and held it.
     By the hold rule only sgd@10 reached it; the summary the file claims (first crossing: sgd@8) is not read."""

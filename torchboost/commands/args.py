@@ -49,6 +49,8 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         shown = text if len(text) <= 40 else f"{text[:20]}…({len(text):,} characters)"  # one short line
         try:
+            if not text.isascii():  # int() reads other scripts' digits ('٣' is 3): a flag takes 0-9 only
+                raise ValueError(text)
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{shown!r} is not a whole number") from None
