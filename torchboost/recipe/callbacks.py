@@ -38,9 +38,8 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
         callbacks.insert(0, FreezeBackbone(t.freeze_backbone_epochs))
     loggers = t.loggers
     callbacks.append(ckpt_cb)
-    kind = get_kind(cfg.data.dataset)
-    drawn = kind.load is None and not kind.needs_path  # images drawn at random: no split to test on
-    if t.test_at_end and not drawn and dist.is_main():  # after the checkpoints, before the loggers
+    # after the checkpoints, before the loggers; images drawn at random have no split to test on
+    if t.test_at_end and not get_kind(cfg.data.dataset).drawn and dist.is_main():
         callbacks.append(FinalTest(cfg, out, ckpt_cb, log, dist.get_world_size()))
     if "csv" in loggers:
         callbacks.append(History(out))

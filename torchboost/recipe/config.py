@@ -56,7 +56,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = option(DEFAULT_KIND, choices=tuple(list_kinds()),
+    dataset: str = option(DEFAULT_KIND, choices=list_kinds,
                           help="data-set kind: an image folder, tar shards or a built-in set")
     path: Optional[str] = option(None, help="the data's folder: train/<class>/ and val/<class>/ (or test/) inside")
     train_subset: Optional[int] = option(None, ge=1, le=2**31 - 1, help="train on this many images of the training "

@@ -133,7 +133,7 @@ def resolve_augment(cfg: DataConfig, model_name: str) -> str:
     if cfg.augment != "auto":
         return cfg.augment
     small = cfg.image_size is not None and cfg.image_size <= SMALL_IMAGE
-    if get_kind(cfg.dataset).photos and model_name != "mnist_cnn" and not small:
+    if get_kind(cfg.dataset).decoded and model_name != "mnist_cnn" and not small:
         return "imagenet"
     return "shift" if cfg.random_shift else "none"
 
@@ -162,7 +162,7 @@ def resolve_decode(d: DataConfig, device: str) -> str:
     """What `data.decode: auto` stands for: device when the run trains on CUDA, torchvision's nvJPEG imports,
     the kind decodes image files and no augmentation needs the decoded image in the loader; else cpu. An
     explicit `device` with an augmentation only `auto` resolved (shift, for small images) is refused."""
-    if d.decode == "cpu" or not get_kind(d.dataset).device_decode:
+    if d.decode == "cpu" or not get_kind(d.dataset).decoded:
         return "cpu"
     if d.decode == "device":
         found = host_augments(d)
@@ -209,7 +209,7 @@ def model_for_data(cfg: DataConfig) -> tuple[str, str]:
     (photos): ResNet-18 at FOLDER_SIZE px. Both have BatchNorm, which trains from the default recipe's lr
     on any image statistics (the MNIST CNN does not: at chance on small colour images)."""
     kind = get_kind(cfg.dataset)
-    sample = kind.sample(cfg) if kind.sample else sample_folder(_split_dir(Path(cfg.path), "train"))
+    sample = kind.source.sample(cfg) if kind.source.sample else sample_folder(_split_dir(Path(cfg.path), "train"))
     colour = f"{sample.channels} channel(s) ({sample.gray} grey / {sample.color} colour sampled)"
     if sample.largest_side <= SMALL_IMAGE:
         return SMALL_MODEL, (f"the sampled images are at most {sample.largest_side} px, {colour}: {SMALL_MODEL}, "
@@ -233,19 +233,19 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     uint8 = cfg.normalize_on_device
     kind = get_kind(cfg.dataset)
     augment = split == "train" if augment is None else augment
-    if kind.load is None and kind.needs_path:  # an image folder or shards, decoded per sample
+    if kind.decoded:  # an image folder or shards, decoded per sample
         transform = folder_train_transform(cfg, model_name) if augment else eval_preprocess(cfg)
         if cfg.decode == "device":  # workers ship the encoded JPEGs and their crops (data.device_decode)
             transform = DeviceDecode(transform)
-        if kind.open_split is not None:
-            return kind.open_split(cfg, _kind_split(cfg, split, exact), transform)
+        if not kind.folder:
+            return kind.source.open_split(cfg, _kind_split(cfg, split, exact), transform)
         return ImageFolder(_split_dir(Path(cfg.path), split, exact), transform, cfg.skip_corrupt,
                            drop_corrupt=split != "train")
-    if kind.load is None:  # synthetic images of drawn classes
+    if kind.drawn:  # synthetic images of drawn classes
         channels, size, _, _ = folder_geometry(cfg)
         n = cfg.synthetic_size if split == "train" else max(1, cfg.synthetic_size // 10)
         return SyntheticImages(n, num_classes or 1000, channels, size, seed=int(split != "train"), uint8=uint8)
-    ds = kind.load(cfg, split, num_classes)
+    ds = kind.source.load(cfg, split, num_classes)
     _check_tensor_set(cfg, ds)
     ds.uint8 = uint8
     ds.shift = cfg.random_shift if augment else 0
@@ -256,7 +256,7 @@ def has_test_split(cfg: DataConfig) -> bool:
     """Whether the data holds a test split besides the split a run evaluates each epoch (a folder or shards
     with val and test): one no choice of the run has seen. An in-memory set evaluates on its test split."""
     kind = get_kind(cfg.dataset)
-    if not (kind.load is None and kind.needs_path):
+    if not kind.decoded:
         return False
     if kind.splits is not None:
         return {"val", "test"} <= set(kind.splits(cfg))
@@ -267,7 +267,7 @@ def has_test_split(cfg: DataConfig) -> bool:
 def eval_split_name(cfg: DataConfig) -> str:
     """The name of the split a run evaluates each epoch: a folder's val (else test), a kind's own, else test."""
     kind = get_kind(cfg.dataset)
-    if kind.load is None and kind.needs_path:
+    if kind.decoded:
         return _kind_split(cfg, "test", False) if kind.splits else _split_dir(Path(cfg.path), "test").name
     return "test"
 
@@ -276,9 +276,9 @@ def split_source(cfg: DataConfig, split: str, exact: bool = False) -> str:
     """What `build_dataset(cfg, split, exact=exact)` reads, for people: a folder's split folder, else the data
     set and the split's name."""
     kind = get_kind(cfg.dataset)
-    if kind.load is None and kind.needs_path and kind.open_split is None:
+    if kind.folder:
         return f"{_split_dir(Path(cfg.path), split, exact)} ({cfg.dataset})"
-    name = _kind_split(cfg, split, exact) if kind.load is None and kind.needs_path else split
+    name = _kind_split(cfg, split, exact) if kind.decoded else split
     return f"{cfg.path} ({cfg.dataset}), split {name}" if cfg.path else f"{cfg.dataset}, split {name}"
 
 
@@ -286,7 +286,7 @@ def train_classes(cfg: DataConfig) -> list[str]:
     """The class names of the training split, from a folder's class folders alone where it is one (no image
     is listed or read)."""
     kind = get_kind(cfg.dataset)
-    if kind.load is None and kind.needs_path and kind.open_split is None:
+    if kind.folder:
         return find_classes(_split_dir(Path(cfg.path), "train"))
     return list(build_dataset(cfg, "train").classes)
 
@@ -303,7 +303,7 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     if not kind.in_memory:
         channels, size = d.channels or 3, d.image_size or DEFAULT_SIZE.get(cfg.model.name, FOLDER_SIZE)
         if kind.needs_path and (d.channels is None or d.image_size is None or d.crop_pct is None):
-            sample = kind.sample(d) if kind.sample else sample_folder(train_root or _split_dir(Path(d.path), "train"))
+            sample = kind.source.sample(d) if kind.source.sample else sample_folder(train_root or _split_dir(Path(d.path), "train"))
             largest = sample.largest_side
             if d.channels is None:
                 channels = sample.channels
@@ -315,7 +315,7 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
         d = dataclasses.replace(d, channels=channels, image_size=size)
         _, _, mean, std = folder_geometry(d)
         d = dataclasses.replace(d, mean=list(mean), std=list(std))
-    if d.augment == "auto" and kind.photos and kind.shift and not d.random_shift and d.image_size <= SMALL_IMAGE \
+    if d.augment == "auto" and kind.decoded and not d.random_shift and d.image_size <= SMALL_IMAGE \
             and cfg.model.name != "mnist_cnn":
         d = dataclasses.replace(d, random_shift=max(1, round(d.image_size / 14)))  # small images: +-2 px at 28
     augment = resolve_augment(d, cfg.model.name)
@@ -341,7 +341,7 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
     (a confirmation race reads the test split, never val/)."""
     d = infer_data(cfg, log)
     kind = get_kind(d.dataset)
-    if holdout and kind.streamed:
+    if holdout and not kind.carvable:
         raise ConfigError(f"a validation split cannot be carved from streamed {d.dataset} data",
                           "select on a folder or an in-memory set, or export a validation split as shards")
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)

@@ -1,21 +1,32 @@
 """The data-set kind registry: every `data.dataset` value, defined once.
 
-An entry holds everything about one kind of data: how to load a split from a `DataConfig`, whether it
-reads a path, whether its images live in memory at their native size (MNIST files, the built-in sets) or
-are decoded and resized per sample (folders, synthetic photos-like images), which training augmentations
-apply, and its one-line help. Validation, `recipe.data`, the CLI (`--data`, `export-folder`, help) and the
-docs read this table; nothing else lists the kinds. The built-in sets come from `torchboost.data.builtin`'s
-own catalogue, so shipping another one there adds its kind here by itself.
+A kind is its name, its help and where its images come from — one of three small objects, each of which
+says what the kind can do:
+
+- `InMemory(load)`: the whole set as tensors at its native size (MNIST files, the built-in sets). Statistics
+  from its train split; translations only (crops and flips suit photos); held out and resumed mid-epoch by
+  sample index.
+- `ImageFiles(...)`: encoded images decoded per sample through a training transform (photo crops, flips,
+  RandAugment, erasing), on the device too (`data.decode=device`). An image folder by default; a kind with its
+  own storage gives `open_split`, `sample` and `splits`. `streamed` (shards): read as a stream — shard lists
+  and a shuffle buffer apply; nothing is carved from it (holdout, train_subset), batches are not mixed.
+- `Drawn()`: random images of drawn classes, generated as tensors past any transform (speed tests): no labels
+  of its own, no augmentation, no split to test on.
+
+Validation, `recipe.data`, the CLI (`--data`, `export-folder`, help) and the docs ask a kind these questions
+(its properties); nothing else lists the kinds. The built-in sets come from `torchboost.data.builtin`'s own
+catalogue, so shipping another one there adds its kind here by itself.
 
 It lives in `recipe/` (not in `data/`) because an entry maps a config section to data-library calls.
-Adding a kind: write its loader in `torchboost.data`, add one `register(DataKind(...))` line here.
+Adding a kind: write its loader, add one `register(DataKind(NAME, HELP, InMemory(loader)))` line (a test
+registers a throwaway kind and trains, resumes and races on it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
 
 from torch.utils.data import Dataset
 
@@ -32,27 +43,90 @@ TENSOR_AUGMENTS = ("auto", "shift", "none")  # in-memory sets: translations only
 
 
 @dataclass(frozen=True)
+class InMemory:
+    """The whole set as a `TensorImageDataset` at its native size, from `load(data config, split, classes)`;
+    `reads_path`: from files at data.path (False: built into the package)."""
+
+    load: Loader
+    reads_path: bool = True
+
+
+@dataclass(frozen=True)
+class ImageFiles:
+    """Encoded images decoded per sample. `open_split(data config, split, transform)`: the kind's own reader
+    (None: an image folder, PATH/train/<class>/*); `sample(data config)`: the header sample channels and size
+    are inferred from; `splits(data config)`: the split names it holds (eval's --split is exact)."""
+
+    open_split: Callable[[object, str, object], Dataset] | None = None
+    sample: Callable[[object], FolderSample] | None = None
+    splits: Callable[[object], list[str]] | None = None
+    streamed: bool = False
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """Random images of drawn classes (the class count from model.num_classes), no path."""
+
+
+Source = Union[InMemory, ImageFiles, Drawn]
+
+
+@dataclass(frozen=True)
 class DataKind:
     name: str
     help: str
-    load: Loader | None  # None: decoded per sample by recipe.data (folders, synthetic)
-    needs_path: bool = False
-    in_memory: bool = True  # whole set in memory at its native size, statistics from its train split
-    augments: tuple[str, ...] = TENSOR_AUGMENTS  # data.augment values that apply
-    shift: bool = True  # data.random_shift applies
-    own_labels: bool = True  # False: labels are drawn, the class count comes from model.num_classes
-    photos: bool = False  # `augment: auto` gives ResNets ImageNet-style crops
-    # data.auto_augment / data.random_erasing apply: images decoded per sample through a training transform
-    # (in-memory sets and synthetic images skip the transforms)
-    photo_augments: bool = False
-    mixing: bool = True  # data.mixup_alpha / cutmix_alpha apply: a map-style set, batches drawn by the sampler
-    # Decoded per sample from something other than an image folder: (data config, split, transform) -> data
-    # set, and the header sample `load_data` infers channels and native size from (a folder's: sample_folder).
-    open_split: Callable[[object, str, object], Dataset] | None = None
-    sample: Callable[[object], FolderSample] | None = None
-    splits: Callable[[object], list[str]] | None = None  # the split names it holds (eval's --split is exact)
-    streamed: bool = False  # read as a stream of shards: data.shuffle_buffer / train_shards / eval_shards apply
-    device_decode: bool = False  # encoded image files, decoded per sample: data.decode=device applies
+    source: Source
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.source, InMemory)
+
+    @property
+    def decoded(self) -> bool:
+        """Encoded image files decoded per sample: photo augmentations, device decoding, a sample to infer from."""
+        return isinstance(self.source, ImageFiles)
+
+    @property
+    def folder(self) -> bool:
+        """An image folder (PATH/train/<class>/...): the files are the storage."""
+        return self.decoded and self.source.open_split is None
+
+    @property
+    def drawn(self) -> bool:
+        return isinstance(self.source, Drawn)
+
+    @property
+    def needs_path(self) -> bool:
+        return self.decoded or (self.in_memory and self.source.reads_path)
+
+    @property
+    def streamed(self) -> bool:
+        return self.decoded and self.source.streamed
+
+    @property
+    def own_labels(self) -> bool:
+        return not self.drawn
+
+    @property
+    def augments(self) -> tuple[str, ...]:
+        """The data.augment values that apply: synthetic images are generated past any transform."""
+        return ("auto", *AUGMENTS) if self.decoded else TENSOR_AUGMENTS if self.in_memory else ("auto", "none")
+
+    @property
+    def shift(self) -> bool:  # data.random_shift applies
+        return not self.drawn
+
+    @property
+    def mixing(self) -> bool:  # mixup/cutmix: a map-style set whose batches the sampler draws
+        return not self.streamed
+
+    @property
+    def carvable(self) -> bool:  # a holdout or a train_subset can be drawn from it (a stream is read in order)
+        return not self.streamed
+
+    @property
+    def splits(self) -> Callable[[object], list[str]] | None:
+        return self.source.splits if self.decoded else None
 
 
 DATA_KINDS: dict[str, DataKind] = {}
@@ -82,10 +156,8 @@ def _builtin(name: str) -> Loader:
 
 
 for _name, _set in BUILTIN_SETS.items():
-    register(DataKind(_name, f"built in: {_set.description}", _builtin(_name)))
-register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", None,
-                  needs_path=True, in_memory=False, augments=("auto", *AUGMENTS), photos=True, photo_augments=True,
-                  device_decode=True))
+    register(DataKind(_name, f"built in: {_set.description}", InMemory(_builtin(_name), reads_path=False)))
+register(DataKind(FOLDER, "an image folder: PATH/train/<class>/*.jpg|png and PATH/val/ (or test/)", ImageFiles()))
 
 
 def _open_shards(cfg, split: str, transform: Callable) -> Dataset:  # the shard readers load only for shards
@@ -102,17 +174,14 @@ def _shard_index(cfg):
 
 
 register(DataKind("shards", "WebDataset tar shards ({key}.jpg|png + {key}.cls) and their _info.json index in PATH "
-                  "(written by torchboost export-shards)", None, needs_path=True, in_memory=False,
-                  augments=("auto", *AUGMENTS), photos=True, photo_augments=True, mixing=False, streamed=True,
-                  device_decode=True, open_split=_open_shards,
-                  sample=lambda cfg: _shard_index(cfg).sample, splits=lambda cfg: list(_shard_index(cfg).splits)))
+                  "(written by torchboost export-shards)",
+                  ImageFiles(open_split=_open_shards, sample=lambda cfg: _shard_index(cfg).sample,
+                             splits=lambda cfg: list(_shard_index(cfg).splits), streamed=True)))
 register(DataKind("mnist_idx", "MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in PATH",
-                  lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split), needs_path=True))
+                  InMemory(lambda cfg, split, n: load_mnist_idx(Path(cfg.path), split))))
 register(DataKind("fashion_mnist", "Fashion-MNIST's IDX files (MNIST's names: train-images-idx3-ubyte[.gz], ...) in "
                   f"PATH, 10 clothing classes (apt-get install dataset-fashion-mnist puts them in {DEBIAN_PATH})",
-                  lambda cfg, split, n: load_fashion_mnist(Path(cfg.path), split), needs_path=True))
+                  InMemory(lambda cfg, split, n: load_fashion_mnist(Path(cfg.path), split))))
 register(DataKind("paddle_json", "PaddlePaddle's mnist.json.gz ([train, valid, eval] lists) at PATH",
-                  lambda cfg, split, n: load_paddle_json(Path(cfg.path), split), needs_path=True))
-# synthetic images are generated as tensors, past any transform: only `none` (what `auto` gives) is true of them
-register(DataKind("synthetic", "random images of drawn classes (speed tests; no path)", None, in_memory=False,
-                  augments=("auto", "none"), shift=False, own_labels=False))
+                  InMemory(lambda cfg, split, n: load_paddle_json(Path(cfg.path), split))))
+register(DataKind("synthetic", "random images of drawn classes (speed tests; no path)", Drawn()))

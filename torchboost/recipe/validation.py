@@ -106,7 +106,7 @@ def _check_data(cfg: Config) -> None:
         streamed = ", ".join(k for k, e in DATA_KINDS.items() if e.streamed)
         raise ConfigError(f"data.train_shards / data.eval_shards do not apply to data.dataset={d.dataset}",
                           f"use a data set read from shards ({streamed}) or drop them")
-    if kind.streamed and d.train_subset:  # a stream is read in order: no draw across it
+    if not kind.carvable and d.train_subset:  # a stream is read in order: no draw across it
         raise ConfigError(f"data.train_subset cannot be drawn from streamed {d.dataset} data",
                           "train on a folder or an in-memory set, or export the subset as shards")
     if kind.streamed and d.skip_corrupt:
@@ -123,8 +123,8 @@ def _check_augmentations(d: DataConfig, kind: DataKind) -> None:
     recorded in config.yaml while nothing reads it."""
     default = {f.name: f.default for f in dataclasses.fields(DataConfig)}
     for key in ("auto_augment", "random_erasing"):
-        if getattr(d, key) != default[key] and not kind.photo_augments:
-            kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.photo_augments)
+        if getattr(d, key) != default[key] and not kind.decoded:
+            kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.decoded)
             raise ConfigError(f"data.{key}={getattr(d, key)} does not apply to data.dataset={d.dataset} (its images "
                               "stay in memory as tensors; these run on images decoded per sample)",
                               f"drop data.{key}, or train on {kinds} data")
@@ -150,8 +150,8 @@ def _check_decode(cfg: Config, kind: DataKind) -> None:
     d = cfg.data
     if d.decode != "device":
         return
-    if not kind.device_decode:
-        kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.device_decode)
+    if not kind.decoded:
+        kinds = " or ".join(k for k, e in DATA_KINDS.items() if e.decoded)
         raise ConfigError(f"data.decode=device does not apply to data.dataset={d.dataset} (it decodes no image "
                           "files)", f"drop data.decode, or train on {kinds} data")
     found = host_augments(d)
