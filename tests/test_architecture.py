@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -114,12 +115,17 @@ def test_the_graph_sees_a_planted_violation(tmp_path):
     assert layer("torchboost.models.bad") == "library" and layer("torchboost.recipe.run") == "application"
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
-def test_files_stay_small_or_say_why(path):
-    lines = path.read_text().splitlines()
-    if len(lines) > 400:
-        head = "\n".join(lines[:15]).lower()
-        assert "lines" in head and "because" in head, f"{path} has {len(lines)} lines and no stated reason"
+def test_files_over_400_lines_are_the_ones_the_map_lists_with_their_reason():
+    """Measured: every module's length. The map's table of big files is exactly the set over 400 lines (a
+    file that shrank leaves the table, one that grew joins it), and each file's top states the table's reason."""
+    doc = (ROOT.parent / "docs" / "ARCHITECTURE.md").read_text()
+    table = doc[doc.index("### Files over 400 lines"):].split("\n## ", 1)[0]
+    listed = dict(re.findall(r"^\| `(torchboost/[^`]+)` \| (.+?) \|$", table, re.M))
+    big = {str(p.relative_to(ROOT.parent)) for p in ROOT.rglob("*.py") if len(p.read_text().splitlines()) > 400}
+    assert set(listed) == big
+    for path, why in listed.items():
+        head = " ".join(" ".join((ROOT.parent / path).read_text().splitlines()[:15]).split())
+        assert why in head, f"{path}: its top does not say {why!r}"
 
 
 def test_public_api_matches_the_docs():
