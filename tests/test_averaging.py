@@ -133,3 +133,25 @@ def test_a_recipe_trains_with_swa_and_evaluates_the_average(tmp_path):
                  "--set", "train.average_start=0.5", "--set", "train.test_at_end=false", "-o", str(out)]) == 0
     from torchboost.recipe import load_config
     assert load_config(str(out / "config.yaml")).train.average == "swa"
+
+
+def test_a_race_evaluates_the_swa_average_and_trains_on_from_the_live_weights():
+    """`race --set train.average=swa`: each evaluation sees the average (BatchNorm-free LeNet: the weights alone),
+    and the next epoch trains on from the trained weights, not from the average."""
+    from torchboost.recipe import load_resolved
+    from torchboost.recipe.load import recipe_with_data
+    from torchboost.recipe.race import _lane, builtin_racer
+
+    built, _, _ = recipe_with_data("digits-lenet", ["train.average=swa", "train.average_start=0", "train.epochs=2"],
+                                   None)
+    cfg, train_ds, _ = load_resolved(built=built)
+    lane = _lane(cfg, builtin_racer("sgd", cfg, (0.05,)), 0.05, 0, train_ds, torch.device("cpu"))
+    lane.train_epoch(0)
+    params = [p for p in lane.model.parameters()]
+    state = lane.optimizer.state
+    assert all(torch.equal(p, state[p]["swa_average"]) for p in params)  # evaluated at the average
+    live = [state[p]["swa_live"].clone() for p in params]
+    assert any(not torch.equal(a, b) for a, b in zip(live, params))
+    lane.train_epoch(1)  # back to the live weights first: the average moved on from them
+    assert all(torch.equal(p, state[p]["swa_average"]) for p in params)
+    assert int(state[params[0]]["swa_count"]) == 2 * len(lane.loader)
