@@ -21,6 +21,7 @@ from torchboost.migrate.mindspore_ckpt import DTYPE_NAMES, load_mindspore_ckpt, 
 from torchboost.migrate.names import MappingReport, mindspore_to_torch, torch_to_mindspore
 from torchboost.migrate.paddle_names import paddle_to_torch, torch_to_paddle
 from torchboost.migrate.pdparams import TORCH_TO_NUMPY, load_pdparams, save_pdparams
+from torchboost.migrate.timm_names import from_timm
 from torchboost.migrate.torch_files import SAFETENSORS_DTYPES, TORCH_DTYPES, is_torch_file, load_torch_state
 from torchboost.migrate.torch_files import save_safetensors, save_torch
 from torchboost.train.checkpoint import CHECKPOINT_SUFFIX
@@ -103,11 +104,15 @@ def read_torch_named(path: str | os.PathLike, arch: str | None = None, num_class
 
     `network`: the state dict of the network the weights are for. A file whose names and shapes already are
     exactly the network's is read as it is, whatever its container (what `convert --arch none` writes; the
-    MindSpore name map knows no MNIST CNN, and Paddle's would transpose its classifier a second time)."""
+    MindSpore name map knows no MNIST CNN, and Paddle's would transpose its classifier a second time). A torch
+    file in timm's names, for a zoo network whose layout timm shares, is renamed (`timm_names.from_timm`)."""
     fmt = source_format(path)
     state = fmt.read(path)
-    if fmt.to_torch is None or (network is not None and _same_shapes(state, network)):
+    if network is not None and _same_shapes(state, network):
         return state
+    if fmt.to_torch is None:
+        renamed = from_timm(state, arch, dict(network)) if network is not None else None
+        return state if renamed is None else renamed
     state, report = fmt.to_torch(state, arch, num_classes)
     if not report.ok:
         raise CheckpointError(f"{path} does not map to {report.arch}: {report.first_problem()}",
