@@ -15,8 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from torchboost.recipe.race_report import (best_other, fmt_final_range, fmt_hits, fmt_interval, fmt_ratio, is_thor,
-                                           ratio_interval, ratio_to_best_other, reach_key, summarize, verdict)
+from torchboost.recipe.race_report import (best_other, fmt_final_range, fmt_hits, fmt_interval, fmt_ratio, fmt_target,
+                                           is_thor, ratio_interval, ratio_to_best_other, reach_key, summarize,
+                                           verdict)
 from torchboost.recipe.race_select import lanes_of, raced_targets, read_race
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def race_result(path: Path) -> str:
         other = best_other(rows, thor)
         others.append(other)
         ratio, interval = ratio_to_best_other(rows, thor), ratio_interval(rows, thor)
-        parts.append(f"to {float(t):.1%}: {fmt_ratio(ratio)}{fmt_interval(interval)} {other}'s seconds, "
+        parts.append(f"to {fmt_target(t)}: {fmt_ratio(ratio)}{fmt_interval(interval)} {other}'s seconds, "
                      f"{verdict(ratio, interval)} (hits {fmt_hits(rows[thor])} vs {fmt_hits(rows[other])})")
     finals = ", ".join(f"{n} {fmt_final_range(summary['final'][n])}" for n in dict.fromkeys([thor, *others]))
     return f"{thor}: " + "; ".join(parts) + f"; final top-1 {finals}"

@@ -182,6 +182,11 @@ def verdict(ratio: float, interval: tuple[float, float] | None) -> str:
     return "slower" if interval[0] > 1.0 else "undecided"
 
 
+def fmt_target(t: float | str) -> str:
+    """A target as raced: 90.65% stays 90.65% (one decimal would show a target the runs were not held to)."""
+    return f"{float(t) * 100:.4g}%"
+
+
 def fmt_hits(row: dict) -> str:
     """The hit rate: seeds that reached the target (hold rule) of those raced, k/n."""
     return f"{row['reached']}/{row['seeds']}"
@@ -208,7 +213,7 @@ def headline(summary: dict, name: str) -> str:
     parts = []
     for t, rows in summary["targets"].items():
         ratio, interval = ratio_to_best_other(rows, name), ratio_interval(rows, name)
-        parts.append(f"{float(t):.1%} {fmt_ratio(ratio)}{fmt_interval(interval)} {verdict(ratio, interval)}")
+        parts.append(f"{fmt_target(t)} {fmt_ratio(ratio)}{fmt_interval(interval)} {verdict(ratio, interval)}")
     return (f"{name}/best-other seconds-to-target (90% seed-paired bootstrap interval; faster only where it lies below "
             "1): " + ", ".join(parts))
 
@@ -224,7 +229,7 @@ def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
              f"{'target':>7} {'optimizer':<{w}} {'best lr':>8} {'hits':>6} {'med epochs':>11} {'med s':>8} "
              f"{'s/best other [90%]':>26} {'verdict':>10} {'final top-1':>22} {f's/epoch vs {first}':>18}"]
     for t, name, r, ratio, claim, final, cost in table_rows(summary):
-        lines.append(f"{t:>7.1%} {name:<{w}} {r['lr']:>8g} {fmt_hits(r):>6} {r['median_epochs']:>11.3g} "
+        lines.append(f"{fmt_target(t):>7} {name:<{w}} {r['lr']:>8g} {fmt_hits(r):>6} {r['median_epochs']:>11.3g} "
                      f"{r['median_seconds']:>8.1f} {ratio:>26} {claim:>10} {final:>22} {cost:>17.2f}x")
     lines += [f"reached: {TARGET_RULE}", VERDICT_RULE]
     lines.append(f"final top-1 at each optimizer's lr ({final_note(summary)}): " + "; ".join(
@@ -279,7 +284,7 @@ def format_markdown(summary: dict) -> str:
     rows = ["| target | optimizer | best lr | hits | median epochs | median s | s / best other [90%] | verdict | "
             f"final top-1 | s per epoch vs {first} |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t, name, r, ratio, claim, final, cost in table_rows(summary):
-        rows.append(f"| {t:.1%} | {name} | {r['lr']:g} | {fmt_hits(r)} | {r['median_epochs']:.3g} | "
+        rows.append(f"| {fmt_target(t)} | {name} | {r['lr']:g} | {fmt_hits(r)} | {r['median_epochs']:.3g} | "
                     f"{r['median_seconds']:.1f} | {ratio} | {claim} | {final} | {cost:.2f}x |")
     rows += ["", f"Reached: {TARGET_RULE}.", "", f"{VERDICT_RULE[0].upper()}{VERDICT_RULE[1:]}.", "",
              f"Final top-1 ({final_note(summary)}): " + "; ".join(
@@ -355,7 +360,7 @@ def race_figure(lanes: Sequence[Lane], summary: dict):
         lowest = min([lowest, *lo, *(y for _, ty in tails for y in ty)])
     for t in summary["targets"]:
         ax.axhline(float(t), color="grey", lw=0.6, ls="--")
-        ax.annotate(f"target {float(t):.1%}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
+        ax.annotate(f"target {fmt_target(t)}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
                     color="grey", va="bottom")
     ax.set_xlabel("training seconds")
     ax.set_ylabel("validation top-1")

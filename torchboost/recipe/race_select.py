@@ -29,7 +29,7 @@ from torchboost.plaindata import check_plain
 from torchboost.recipe.config import Config
 from torchboost.recipe.race import Lane, Racer, budget_racers, variant_racer
 from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_report import is_thor, reach_key, summarize
+from torchboost.recipe.race_report import fmt_target, is_thor, reach_key, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -305,11 +305,11 @@ def lanes_of(data: dict, source: Path | str) -> list[Lane]:
 
 def fixed_targets_line(fixed: dict) -> str:
     """What a selection fixed, for people."""
-    shown = " and ".join(f"{t:.1%}" for t in fixed["targets"])
+    shown = " and ".join(fmt_target(t) for t in fixed["targets"])
     note = "" if fixed["whole_budget"] else ("; its runs stopped at the selection's targets, so that final is an early "
                                              "one: select with --full-budget for finals at matched budgets")
     return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
-            f"{fixed['rival_median_final']:.1%} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
+            f"{fmt_target(fixed['rival_median_final'])} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
             f"{note}); --frozen races these")
 
 
@@ -323,11 +323,12 @@ def close_selection(lanes: Sequence[Lane], raced: Sequence[float]) -> tuple[dict
 
 def grid_edges(summary: dict, lanes: Sequence[Lane]) -> list[str]:
     """One line per racer whose chosen lr is the lowest or highest of the two or more it raced: the best may lie
-    beyond the grid, so the line names the next lr out (the grid's own step there) to race in another stage."""
+    beyond the grid, so the line names the next lr out (the grid's own step there) to race in another stage.
+    A budget racer (`NAME@EPOCHS`) has no grid of its own: it races the lrs its optimizer's grid chose."""
     lines = []
     for racer, lr in summary["chosen_lr"].items():
         raced = sorted({l.lr for l in lanes if l.racer == racer})
-        if len(raced) < 2 or lr not in (raced[0], raced[-1]):
+        if len(raced) < 2 or lr not in (raced[0], raced[-1]) or parse_racer(racer).epochs is not None:
             continue
         step = raced[1] / raced[0] if lr == raced[0] else raced[-1] / raced[-2]
         beyond = float(f"{(lr / step if lr == raced[0] else lr * step):.3g}")
