@@ -63,3 +63,21 @@ def test_choices_the_config_offers_are_the_steps():
     assert choices_of(fields["compile"]) == tuple(COMPILE_MODES)
     assert choices_of(fields["nonfinite"]) == NONFINITE_POLICIES
     assert choices_of(fields["average"]) == AVERAGES
+
+
+def test_split_names_are_listed_once():
+    """A tuple, list or set of two or more of a data set's split names is written only in `data/splits.py`:
+    the folder layout, eval's --split choices, the shards' evaluation-split fallback and the holdout all import
+    it (one place to add a split)."""
+    from torchboost.data.splits import SPLITS
+
+    found = []
+    for path in sorted((ROOT / "torchboost").rglob("*.py")):
+        if path.name == "splits.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in SPLITS]
+                if len(names) >= 2:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from torchboost.commands.args import add_recipe, add_threads
+from torchboost.data.splits import SPLITS
 
 NAME = "eval"
 HELP = "evaluate a checkpoint (top-1/top-5/loss)"
@@ -18,7 +19,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                                                        "with --config")
     add_recipe(p, None, "recipe that built plain weights (training checkpoints carry theirs)")
     p.add_argument("--data", help="image folder to evaluate on (default: the run's own data)")
-    p.add_argument("--split", choices=["train", "val", "test"],
+    p.add_argument("--split", choices=SPLITS,
                    help="the split to evaluate, read exactly: a folder's train/, val/ or test/ (default: the run's "
                         "evaluation split, a folder's val/ or else test/)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights")

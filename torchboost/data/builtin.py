@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from torchboost.data.splits import IN_MEMORY_SPLITS
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import ConfigError, DataError
 
@@ -80,8 +81,8 @@ def load_builtin(name: str, split: str) -> TensorImageDataset:
     "digits" (1,437 / 360 8×8 digits, 0..16 rescaled to 0..255)."""
     if name not in BUILTIN_SETS:
         raise ConfigError(f"unknown built-in data set {name!r}", f"use one of {', '.join(BUILTIN_SETS)}")
-    if split not in ("train", "test"):
-        raise ConfigError(f"unknown split {split!r} for {name}", "use 'train' or 'test'")
+    if split not in IN_MEMORY_SPLITS:
+        raise ConfigError(f"unknown split {split!r} for {name}", f"use {' or '.join(map(repr, IN_MEMORY_SPLITS))}")
     images, labels = _load_raw(name)
     train, test = stratified_split(labels, BUILTIN_SETS[name].test_size)
     pixels = images[train].astype(np.float64) / 255

@@ -19,6 +19,7 @@ from torchboost.data.builtin import load_builtin
 from torchboost.data.folder import IMAGE_ERRORS, find_samples, open_image, sample_folder
 from torchboost.data.shardfiles import INDEX_NAME, ShardIndex, ShardSplit, index_json, read_index
 from torchboost.data.shardoffsets import offsets_path, write_offsets
+from torchboost.data.splits import IN_MEMORY_SPLITS, SPLITS
 from torchboost.errors import ConfigError, DataError, TorchboostError
 from torchboost.fileio import atomic_path, atomic_write, check_inside, confine_writes, read_regular, remove_file
 
@@ -28,7 +29,7 @@ def export_folder(name: str, out: str | Path, split: str | None = None) -> Path:
     index in the built-in split, so file k of the folder is `load_builtin(name, split)[k]`. Returns `out`."""
     out = Path(out)
     with confine_writes(out):  # a split or class folder that is a link is refused, never written through
-        for part in ("train", "test") if split is None else (split,):
+        for part in IN_MEMORY_SPLITS if split is None else (split,):
             data = load_builtin(name, part)
             for i, (image, label) in enumerate(zip(data.images, data.labels.tolist())):
                 pixels = image[0].numpy() if image.shape[0] == 1 else image.permute(1, 2, 0).numpy()
@@ -109,7 +110,7 @@ def export_shards(folder: str | Path, out: str | Path, shard_size: int = 1000, o
     folder, out = Path(folder), Path(out)
     if shard_size < 1:
         raise DataError(f"--shard-size {shard_size} is not a positive sample count", "use e.g. --shard-size 1000")
-    present = [name for name in ("train", "val", "test") if (folder / name).is_dir()]
+    present = [name for name in SPLITS if (folder / name).is_dir()]
     if not present:
         raise DataError(f"no train/, val/ or test/ folder in {folder}",
                         "export an image-folder data set: FOLDER/train/<class>/*.jpg and FOLDER/val/<class>/")

@@ -32,6 +32,7 @@ from typing import IO
 from torchboost.data.braces import count_names
 from torchboost.data.folder import IMG_EXTENSIONS, FolderSample
 from torchboost.data.pipes import PIPE
+from torchboost.data.splits import EVAL_SPLITS, TRAIN
 from torchboost.errors import DataError
 from torchboost.fileio import open_regular, read_regular
 
@@ -317,7 +318,7 @@ def read_index(folder: str | Path) -> ShardIndex:
 
 def index_split(index: ShardIndex, split: str) -> tuple[str, ShardSplit]:
     """(name, split) for "train"; for "val" or "test" that split, else the other one (the evaluation split)."""
-    names = ("train",) if split == "train" else tuple(dict.fromkeys((split, "val", "test")))
+    names = (TRAIN,) if split == TRAIN else tuple(dict.fromkeys((split, *EVAL_SPLITS)))
     for name in names:
         if name in index.splits:
             return name, index.splits[name]

@@ -18,6 +18,7 @@ from torchboost.data.device_decode import nvjpeg
 from torchboost.data.folder import find_classes, sample_folder
 from torchboost.data.holdout import holdout_split, stratified_subset
 from torchboost.data.mixup import MixedBatches, Mixup
+from torchboost.data.splits import EVAL_SPLITS, SPLITS
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
@@ -30,7 +31,6 @@ SMALL_IMAGE = 64  # folders of images this small train at their native size (a R
 DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folders without data.mean
 
 
-EVAL_SPLITS = ("val", "test")  # a run's evaluation split: val/ when the data has it, else test/
 
 
 def _split_dir(root: Path, split: str, exact: bool = False) -> Path:
@@ -38,14 +38,14 @@ def _split_dir(root: Path, split: str, exact: bool = False) -> Path:
     test/), or with `exact` the folder of that name, refused (saying what there is) when missing."""
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist", "check data.path (or --data DIR)")
-    if split not in ("train", *EVAL_SPLITS):  # never a path: "../../x" must not fall back to test/
+    if split not in SPLITS:  # never a path: "../../x" must not fall back to test/
         raise DataError(f"unknown split {split!r} for an image folder", "use train, val or test")
     names = (split,) if split == "train" or exact else EVAL_SPLITS
     for name in names:
         if (root / name).is_dir():
             return root / name
     if exact:
-        raise _no_split(split, str(root), [n for n in ("train", *EVAL_SPLITS) if (root / n).is_dir()])
+        raise _no_split(split, str(root), [n for n in SPLITS if (root / n).is_dir()])
     raise DataError(f"no {'/ or '.join(names)}/ folder in {root}",
                     "a folder data set holds train/ and val/ (or test/), each with one sub-folder per class")
 
@@ -259,9 +259,9 @@ def has_test_split(cfg: DataConfig) -> bool:
     if not kind.decoded:
         return False
     if kind.splits is not None:
-        return {"val", "test"} <= set(kind.splits(cfg))
+        return set(EVAL_SPLITS) <= set(kind.splits(cfg))
     root = Path(cfg.path)
-    return (root / "val").is_dir() and (root / "test").is_dir()
+    return all((root / name).is_dir() for name in EVAL_SPLITS)
 
 
 def eval_split_name(cfg: DataConfig) -> str:
