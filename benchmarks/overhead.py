@@ -11,8 +11,11 @@ snapshot shows (the reason the CPU keeps the host's decision by default: TrainSt
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +45,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=7)
     ap.add_argument("--epochs-per-trial", type=int, default=1)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--record", action="store_true", help="write the ratio into docs/results.json (and both tables)")
     args = ap.parse_args()
     torch.manual_seed(0)
     ds = load_builtin("mnist5k", "train")
@@ -75,6 +79,14 @@ def main() -> None:
               f"{statistics.median(ratios):>14.3f}x ({min(ratios):.3f}..{max(ratios):.3f})")
     ours = statistics.median(a / b for a, b in zip(times["Model.train"], times["hand loop"]))
     print(f"overhead ratio Model.train / hand loop: {ours:.3f}x (target <= 1.03)")
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+        from results_page import record
+
+        threads = torch.get_num_threads()
+        record("framework overhead: `Model.train` vs a hand-written loop", f"{ours:.3f}× (target ≤ 1.03)",
+               f"{os.cpu_count()} CPU cores, {threads} thread{'s' if threads > 1 else ''}",
+               f"`OMP_NUM_THREADS={threads} python benchmarks/overhead.py --trials {args.trials} --record`")
 
 
 if __name__ == "__main__":

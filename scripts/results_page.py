@@ -1,7 +1,8 @@
 """The results tables — docs/results.md's and the README's — rendered from docs/results.json, one row per claim.
 
-A row either states its figure (`result`, copied from the benchmark's printed line, with its command) or names the
-saved race it comes from (`race`: a race.json, pooled); a race row's figure is computed here from that file by the
+A row either states its figure (`result`, written by the benchmark that measured it: `record`, e.g.
+`benchmarks/overhead.py --record`; older rows were copied from the benchmark's printed line) or names the saved
+race it comes from (`race`: a race.json, pooled); a race row's figure is computed here from that file by the
 race's own report functions — the same medians, seed-paired intervals, hit rates and finals `torchboost race`
 prints — so it is never typed. Written by hand because no table tool reads our race files; the README holds the
 rows marked `readme`. `python scripts/results_page.py` rewrites both tables; `--check` exits 1 when either file
@@ -11,6 +12,7 @@ differs from what the JSON gives (tests/test_results_page.py runs it).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -71,17 +73,35 @@ def pages() -> dict[Path, str]:
             README: render(README.read_text(), table([r for r in rows if r.get("readme")], 4), README)}
 
 
+def write_pages() -> None:
+    for path, text in pages().items():
+        if path.read_text() != text:
+            path.write_text(text)
+
+
+def record(claim: str, result: str, hardware: str, command: str) -> None:
+    """A benchmark's measurement into docs/results.json (the row of `claim`, replaced, dated today; or a new row
+    off the README), then both tables rendered again."""
+    data = json.loads(ROWS.read_text())
+    row = next((r for r in data["rows"] if r["claim"] == claim), None)
+    if row is None:
+        row = {"claim": claim, "readme": False}
+        data["rows"].append(row)
+    row.pop("race", None)
+    row.update(result=result, hardware=hardware, command=command, date=datetime.date.today().isoformat())
+    ROWS.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    write_pages()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a file differs from what the JSON gives")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in pages().items():
-        if path.read_text() != text:
-            stale.append(path)
-            if not args.check:
-                path.write_text(text)
-    if args.check and stale:
+    if not args.check:
+        write_pages()
+        return 0
+    stale = [path for path, text in pages().items() if path.read_text() != text]
+    if stale:
         print(f"stale: {', '.join(str(p.relative_to(ROOT)) for p in stale)}: run python scripts/results_page.py",
               file=sys.stderr)
         return 1
