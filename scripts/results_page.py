@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -40,9 +41,15 @@ def race_result(path: Path) -> str:
         other = best_other(rows, thor)
         others.append(other)
         ratio, interval = ratio_to_best_other(rows, thor), ratio_interval(rows, thor)
+        hits = f"hits {fmt_hits(rows[thor])} vs {fmt_hits(rows[other])}"
+        if math.isnan(ratio):  # neither got there
+            parts.append(f"to {fmt_target(t)}: neither {thor} nor {other} ({hits})")
+            continue
         parts.append(f"to {fmt_target(t)}: {fmt_ratio(ratio)}{fmt_interval(interval)} {other}'s seconds, "
-                     f"{verdict(ratio, interval)} (hits {fmt_hits(rows[thor])} vs {fmt_hits(rows[other])})")
-    finals = ", ".join(f"{n} {fmt_final_range(summary['final'][n])}" for n in dict.fromkeys([thor, *others]))
+                     f"{verdict(ratio, interval)} ({hits})")
+    finals = summary["final"]
+    top = max((n for n in finals if not is_thor(n)), key=lambda n: finals[n]["median"])  # the best other final
+    finals = ", ".join(f"{n} {fmt_final_range(finals[n])}" for n in dict.fromkeys([thor, *others, top]))
     return f"{thor}: " + "; ".join(parts) + f"; final top-1 {finals}"
 
 

@@ -66,9 +66,10 @@ class Racer:
     hold_lr: bool = False  # after the warm-up the lr holds at its peak (schedule-free: `RacePolicy.hold_lr`)
 
 
-def race_setup(recipe: str, cfg: Config, images: int, epochs: int) -> tuple[Config, list[str]]:
+def race_setup(recipe: str, cfg: Config, images: int, epochs: int | str) -> tuple[Config, list[str]]:
     """(the config raced: its batch fitted to the data as `train` fits it, the lines that say what is raced:
-    the recipe, data, batch and updates per epoch, and a warning when those are too few to rank by)."""
+    the recipe, data, batch and updates per epoch, and a warning when those are too few to rank by).
+    `epochs`: the race's budget, or what to say when every racer has its own."""
     cfg, note = fit_batch(cfg, images, 1)
     batch = cfg.data.batch_size
     updates = images // batch  # the race's loaders drop the last partial batch, as training does

@@ -121,7 +121,10 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
                                            exact_split="test" if ledger else None)  # the recipe read once
     evaluated = (f"{request.holdout} training samples held out of {split_source(cfg.data, 'train')}" if request.holdout
                  else split_source(cfg.data, "test", exact=ledger is not None))
-    cfg, lines = race_setup(request.config, cfg, len(train_ds), request.epochs or cfg.train.epochs)
+    selected = sorted({s.epochs for s in chosen or () if s.epochs})  # a frozen racer trains its selected budget
+    epochs = (f"{' or '.join(map(str, selected))} (each racer its selected budget)" if chosen and selected
+              and all(s.epochs for s in chosen) else request.epochs or cfg.train.epochs)
+    cfg, lines = race_setup(request.config, cfg, len(train_ds), epochs)
     lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images")
     if request.holdout:
         lines.append(f"selecting on {request.holdout} training samples held out (the test split is not read); confirm "
