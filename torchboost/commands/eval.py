@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from torchboost.commands.args import add_recipe, add_threads
-from torchboost.data.splits import SPLITS
+from torchboost.splits import SPLITS
 
 NAME = "eval"
 HELP = "evaluate a checkpoint (top-1/top-5/loss)"

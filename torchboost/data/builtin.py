@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from torchboost.data.splits import IN_MEMORY_SPLITS
+from torchboost.splits import IN_MEMORY_SPLITS
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import ConfigError, DataError
 

@@ -19,7 +19,7 @@ from torchboost.data.builtin import load_builtin
 from torchboost.data.folder import IMAGE_ERRORS, find_samples, open_image, sample_folder
 from torchboost.data.shardfiles import INDEX_NAME, ShardIndex, ShardSplit, index_json, read_index
 from torchboost.data.shardoffsets import offsets_path, write_offsets
-from torchboost.data.splits import IN_MEMORY_SPLITS, SPLITS
+from torchboost.splits import IN_MEMORY_SPLITS, SPLITS
 from torchboost.errors import ConfigError, DataError, TorchboostError
 from torchboost.fileio import atomic_path, atomic_write, check_inside, confine_writes, read_regular, remove_file
 

@@ -32,7 +32,7 @@ from typing import IO
 from torchboost.data.braces import count_names
 from torchboost.data.folder import IMG_EXTENSIONS, FolderSample
 from torchboost.data.pipes import PIPE
-from torchboost.data.splits import EVAL_SPLITS, TRAIN
+from torchboost.splits import EVAL_SPLITS, TRAIN
 from torchboost.errors import DataError
 from torchboost.fileio import open_regular, read_regular
 

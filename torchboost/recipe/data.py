@@ -18,7 +18,7 @@ from torchboost.data.device_decode import nvjpeg
 from torchboost.data.folder import find_classes, sample_folder
 from torchboost.data.holdout import holdout_split, stratified_subset
 from torchboost.data.mixup import MixedBatches, Mixup
-from torchboost.data.splits import EVAL_SPLITS, SPLITS
+from torchboost.splits import EVAL_SPLITS, SPLITS
 from torchboost.errors import ConfigError, DataError
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.kinds import get_kind
