@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -72,10 +73,10 @@ def hostile_states(rng: random.Random, name: str) -> list[dict]:
     base = timm_state(name)
     keys = list(base)
     out = []
-    for _ in range(12):
+    for _ in range(16):
         state = dict(base)
         key = rng.choice(keys)
-        kind = rng.randrange(6)
+        kind = rng.randrange(8)
         if kind == 0:
             del state[key]
         elif kind == 1:
@@ -86,6 +87,11 @@ def hostile_states(rng: random.Random, name: str) -> list[dict]:
             state[key] = torch.zeros(*(s + 1 for s in state[key].shape))
         elif kind == 4:
             state["blocks.99999999999999999999.0.conv_dw.weight"] = torch.zeros(1)
+        elif kind == 6:  # a module name no rule knows, inside a block (and inside its SE)
+            state[re.sub(r"^(blocks\.\d+\.\d+\.|stages\.\d+\.blocks\.\d+\.|s\d+\.b\d+\.)?", r"\1foo.", key, 1)] = \
+                state.pop(key)
+        elif kind == 7:
+            state[key.rsplit(".", 1)[0] + ".se.conv_other.weight"] = torch.zeros(1)
         else:
             state["module.extra"] = torch.zeros(1)
         out.append(state)
@@ -101,6 +107,14 @@ def test_a_state_that_is_not_a_whole_timm_network_is_not_renamed(name):
         assert renamed is None or (renamed.keys() == net.keys() and
                                    all(renamed[k].shape == net[k].shape for k in list(net)[:-2]))
     assert from_timm(timm_state(name), "resnet18", create_model("resnet18", num_classes=10).state_dict()) is None
+
+
+@pytest.mark.parametrize("extra", ["blocks.6.0.foo.weight", "blocks.1.0.se.bar.weight", "blocks.1.0.se.weight",
+                                   "blocks.0.0.bn9.weight", "conv_stem", "blocks.1.0"])
+def test_a_name_no_rule_knows_is_not_renamed(extra):
+    state = {**timm_state("mobilenet_v3_small"), extra: torch.zeros(1)}
+    net = create_model("mobilenet_v3_small", num_classes=10).state_dict()
+    assert from_timm(state, "mobilenet_v3_small", net) is None
 
 
 def test_a_hostile_timm_file_through_train_is_one_line(tmp_path, capsys):

@@ -76,10 +76,11 @@ def _mbconv(state: State, flat: bool) -> dict[str, tuple[str, bool]] | None:
     for k, ((s, b), keys) in enumerate(sorted(blocks.items())):
         where = f"features.{k + 1}" if flat else f"features.{s + 1}.{b}"
         units = _block_units(keys)
-        if not units:  # conv-BN-act: conv, bn1
+        if not units:  # conv-BN-act: conv, bn1 (any other name stays unmapped, so nothing is)
             for key in keys:
                 module, _, leaf = key.partition(".")
-                out[f"blocks.{s}.{b}.{key}"] = (f"{where}.{ {'conv': 0, 'bn1': 1}[module] }.{leaf}", False)
+                if module in ("conv", "bn1"):
+                    out[f"blocks.{s}.{b}.{key}"] = (f"{where}.{0 if module == 'conv' else 1}.{leaf}", False)
             continue
         # which BatchNorm follows which conv: timm numbers them in the block's forward order
         convs = [u for u in units if u in CONV_UNITS]
@@ -88,9 +89,9 @@ def _mbconv(state: State, flat: bool) -> dict[str, tuple[str, bool]] | None:
             module, _, leaf = key.partition(".")
             if module == "se":
                 sub, _, leaf = leaf.partition(".")
-                out[f"blocks.{s}.{b}.{key}"] = (
-                    f"{where}.block.{units.index('se')}.{ {'conv_reduce': 'fc1', 'conv_expand': 'fc2'}[sub] }.{leaf}",
-                    False)
+                fc = {"conv_reduce": "fc1", "conv_expand": "fc2"}.get(sub)
+                if fc is not None:
+                    out[f"blocks.{s}.{b}.{key}"] = (f"{where}.block.{units.index('se')}.{fc}.{leaf}", False)
             elif module in CONV_UNITS:
                 out[f"blocks.{s}.{b}.{key}"] = (f"{where}.block.{units.index(module)}.0.{leaf}", False)
             elif module in bns:
