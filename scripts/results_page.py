@@ -25,7 +25,8 @@ from torchboost.recipe.race_select import lanes_of, raced_targets, read_race
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS, PAGE, README = ROOT / "docs" / "results.json", ROOT / "docs" / "results.md", ROOT / "README.md"
-BEGIN, END = "<!-- results table: rendered from docs/results.json by scripts/results_page.py -->", "<!-- end results table -->"
+BEGIN = "<!-- results table: rendered from docs/results.json by scripts/results_page.py -->"
+END = "<!-- end results table -->"
 
 
 def race_result(path: Path) -> str:

@@ -148,7 +148,8 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
             "first_seed": request.first_seed, "evals_per_epoch": request.evals_per_epoch,
             "epochs": request.epochs or cfg.train.epochs, "time_budget_s": request.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
-            "holdout": request.holdout, "frozen": request.frozen, "finalists": request.finalists, "full_budget": request.full_budget,
+            "holdout": request.holdout, "frozen": request.frozen, "finalists": request.finalists,
+            "full_budget": request.full_budget,
             "evaluated_on": evaluated, "evaluation_images": len(eval_ds), "ledger": str(ledger) if ledger else None}
     out = Path(request.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
