@@ -8,8 +8,8 @@
 # Process a (seeds 1-3) was stopped after 2 of its 12 epochs because its wall time (65 s per run-epoch: 35 s of
 # training, two 10,000-image evaluations) would have ended past the session; the decision was taken on the clock,
 # before any run had reached a target, and its partial runs are kept (confirm-stopped-a.json), reported nowhere.
-# Seeds 1-3 stay spent in the ledger. Process c raced seed 6 instead. Seeds 4-6 are pooled: 3 of the 5 fresh seeds
-# the protocol asks for — the remaining 2 (7, 8) are for a later run of `confirm c 7 2`, pooled the same way.
+# Seeds 1-3 stay spent in the ledger. Process c raced seed 6 instead; in the next session processes d and e raced
+# seeds 7 and 8 (the machine to themselves). Seeds 4-8 are pooled: the 5 fresh seeds the protocol asks for.
 cd /work/main
 S=runs
 .venv/bin/torchboost race --report $S/fashion-sel1-a/race.json $S/fashion-sel1-b/race.json \
@@ -25,5 +25,8 @@ confirm() {  # $1 = process name, $2 = first seed, $3 = seeds
 confirm b 4 2 &
 confirm c 6 1 &
 wait
-.venv/bin/torchboost race --report $S/fashion-confirm-b/race.json $S/fashion-confirm-c/race.json \
+confirm d 7 1 &
+confirm e 8 1 &
+wait
+.venv/bin/torchboost race --report $S/fashion-confirm-{b,c,d,e}/race.json \
   -o $S/fashion-confirm > $S/fashion-confirm.report 2>&1
