@@ -15,9 +15,9 @@ from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import ConfigError
 from torchboost.recipe import load_resolved
 from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import summarize
+from torchboost.recipe.race_report import final_note, summarize
 from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, finalists, fixed_targets, lanes_of,
-                                           pooled_lanes, read_race, selections)
+                                           fixed_targets_line, pooled_lanes, read_race, selections)
 
 
 def tensor_set(n=60, shift=0):
@@ -207,9 +207,20 @@ def test_final_accuracy_is_reported_and_says_when_budgets_match():
 
     final = summarize([lane(0, [0.5, 0.9, 0.92]), lane(1, [0.5, 0.8, 0.94]), lane(2, [0.6, 0.7, 0.90])],
                       (0.9,))["final"]["sgd"]
-    assert final == {"median": 0.92, "lowest": 0.90, "highest": 0.94, "epochs": 3, "whole_budget": True}
-    stopped = summarize([lane(0, [0.5, 0.95], "reached every target")], (0.9,))["final"]["sgd"]
-    assert stopped["whole_budget"] is False
+    assert final == {"median": 0.92, "lowest": 0.90, "highest": 0.94, "epochs": 3, "whole_budget": True,
+                     "stopped": []}
+    summary = summarize([lane(0, [0.5, 0.95], "reached and held every target")], (0.9,))
+    assert summary["final"]["sgd"]["whole_budget"] is False
+    assert final_note(summary) == "some runs stopped at the targets: pass --full-budget to compare at matched budgets"
+    # a run that diverged under --full-budget: the note says so, and does not ask for the flag the race had
+    summary = summarize([lane(0, [0.5, 0.9, 0.92]), lane(1, [0.6, 0.1], "diverged")], (0.9,))
+    assert summary["final"]["sgd"]["stopped"] == ["diverged"]
+    assert final_note(summary) == ("some runs diverged: their final is the last evaluation before the loss turned "
+                                   "non-finite")
+    assert "--full-budget" not in final_note(summary)
+    assert "diverged" in fixed_targets_line(fixed_targets(summary))
+    # a race file from before the reason was recorded: the old default
+    assert final_note(summarize([lane(0, [0.5, 0.95], "")], (0.9,))).startswith("some runs stopped at the targets")
 
 
 def test_select_then_confirm_end_to_end(tmp_path, capsys):

@@ -10,7 +10,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -97,14 +97,16 @@ def _chosen_lr(per_target: dict, targets: Sequence[float]) -> float:
 
 def _final(lanes: Sequence[Lane]) -> dict:
     """The accuracy each run ended with (its last evaluation) and the epochs it trained: median, lowest and
-    highest over seeds, and whether every run trained its whole budget (then runs compare at matched budgets)."""
+    highest over seeds, whether every run trained its whole budget (then runs compare at matched budgets), and
+    why the others stopped (a race file without the reason: "")."""
     last = [l.history[-1] for l in lanes if l.history]
+    stopped = sorted({l.stopped for l in lanes if l.stopped != "epoch budget"})
     if not last:
-        return {"median": math.nan, "lowest": math.nan, "highest": math.nan, "epochs": 0.0, "whole_budget": False}
+        return {"median": math.nan, "lowest": math.nan, "highest": math.nan, "epochs": 0.0, "whole_budget": False,
+                "stopped": stopped}
     acc = [r["val_top_1_accuracy"] for r in last]
     return {"median": statistics.median(acc), "lowest": min(acc), "highest": max(acc),
-            "epochs": statistics.median(r["epoch"] for r in last),
-            "whole_budget": all(l.stopped == "epoch budget" for l in lanes)}
+            "epochs": statistics.median(r["epoch"] for r in last), "whole_budget": not stopped, "stopped": stopped}
 
 
 def is_thor(name: str) -> bool:
@@ -256,12 +258,27 @@ def fmt_final_range(f: dict) -> str:
 
 
 def final_note(summary: dict) -> str:
-    """Whether the final accuracies compare at matched budgets (every run trained its whole budget)."""
+    """Whether the final accuracies compare at matched budgets (every run trained its whole budget), else why not."""
     finals = list(summary.get("final", {}).values())
     epochs = {f["epochs"] for f in finals}
     if finals and all(f["whole_budget"] for f in finals):
         return "every run its whole budget" + (", the same for all" if len(epochs) == 1 else "")
-    return "some runs stopped at the targets: pass --full-budget to compare at matched budgets"
+    return stop_note(r for f in finals for r in f.get("stopped", [""]))
+
+
+# why a run stopped before its budget (race.py's `Lane.stopped`) -> what that means for its final accuracy
+STOP_NOTES = {
+    "reached and held every target": "some runs stopped at the targets: pass --full-budget to compare at matched "
+                                     "budgets",
+    "diverged": "some runs diverged: their final is the last evaluation before the loss turned non-finite",
+    "time budget": "some runs stopped at --time-budget: their finals are after fewer epochs",
+}
+
+
+def stop_note(reasons: Iterable[str]) -> str:
+    """The notes for why runs stopped early, each once; an unknown or unrecorded reason reads as the targets'."""
+    notes = dict.fromkeys(STOP_NOTES.get(r, STOP_NOTES["reached and held every target"]) for r in sorted(set(reasons)))
+    return "; ".join(notes) or "every run its whole budget"
 
 
 def table_rows(summary: dict) -> Iterator[tuple[float, str, dict, str, str, str, float]]:

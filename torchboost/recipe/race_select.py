@@ -29,7 +29,7 @@ from torchboost.plaindata import check_plain
 from torchboost.recipe.config import Config
 from torchboost.recipe.race import Lane, Racer, budget_racers, variant_racer
 from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_report import fmt_target, is_thor, reach_key, summarize
+from torchboost.recipe.race_report import fmt_target, is_thor, reach_key, stop_note, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -216,7 +216,7 @@ def fixed_targets(summary: dict) -> dict:
         raise ConfigError(f"the best rival {rival} ends at {best:.1%}: no target lies 1.5 points below it",
                           "select on a task the racers learn")
     return {"targets": targets, "rival": rival, "rival_median_final": best,
-            "whole_budget": bool(finals[rival]["whole_budget"])}
+            "whole_budget": bool(finals[rival]["whole_budget"]), "stopped": list(finals[rival].get("stopped", [""]))}
 
 
 def confirmation_targets(data: dict, source: str, given: Sequence[float] | None) -> tuple[float, ...]:
@@ -306,8 +306,7 @@ def lanes_of(data: dict, source: Path | str) -> list[Lane]:
 def fixed_targets_line(fixed: dict) -> str:
     """What a selection fixed, for people."""
     shown = " and ".join(fmt_target(t) for t in fixed["targets"])
-    note = "" if fixed["whole_budget"] else ("; its runs stopped at the selection's targets, so that final is an early "
-                                             "one: select with --full-budget for finals at matched budgets")
+    note = "" if fixed["whole_budget"] else f"; {stop_note(fixed.get('stopped', ['']))}"
     return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
             f"{fmt_target(fixed['rival_median_final'])} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
             f"{note}); --frozen races these")

@@ -109,6 +109,8 @@ class ThorOptions:
                                     "eigenvalue tr(F)/dim added to each (scale-free: damping is then a fraction); "
                                     "pi = Martens & Grosse's pi-damping, A + pi sqrt(damping/T), G + sqrt(damping/T) "
                                     "/ pi with pi = sqrt((tr(A)/dim A) / (tr(G)/dim G)); not with ekfac_decay; "
+                                    "trace damps small factors far less, so without a graft its lr sits ~100x lower "
+                                    "(Fashion-MNIST CNN: 0.00128 vs 0.2; above 0.02 it diverged); "
                                     "raced as a variant, thor[damping_mode=trace]")
     inverse_root: int = option(1, choices=(1, 2),
                                help="the power of the damped factors THOR applies: 1 = A^-1 and G^-1 (the natural "
