@@ -61,7 +61,8 @@ def zoo_net(name: str) -> tuple[torch.nn.Module, DeployInfo]:
 # The three formats' writers and readers are the same code for every network: checked on the ResNet families and
 # the CNN; every other zoo network (torchvision's layouts: their layers are what could fail to translate) through
 # its ONNX model, which goes through the same trace as the .pt2 (export_program) — a third of the suite's time
-THREE_FORMATS = ("mnist_cnn", "resnet")  # prefixes: every ResNet, CIFAR and ImageNet
+THREE_FORMATS = ("mnist_cnn", "resnet")  # prefixes: every ResNet, CIFAR and ImageNet, ...
+DEEPER_ONLY = ("resnet101", "resnet152")  # ... but these two, resnet50's blocks stacked deeper: ONNX only
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -75,7 +76,7 @@ def test_every_zoo_network_exports_to_three_formats_that_agree_with_torch(name, 
     onnx_model = OnnxClassifier(tmp_path / "m.onnx", threads=1)
     assert onnx_model.info == info  # the metadata round trip, checked as an untrusted file's
     formats = {"onnx": lambda v: onnx_model.logits(v.numpy())}
-    if name.startswith(THREE_FORMATS):
+    if name.startswith(THREE_FORMATS) and name not in DEEPER_ONLY:
         save_program(program, info, tmp_path / "m.pt2")
         save_torchscript(net, info, tmp_path / "m.ts")
         ts_extra, ep_extra = {META_FILE: ""}, {META_FILE: ""}
