@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import os
 import zipfile
 from pathlib import Path
@@ -246,7 +247,7 @@ PATTERN_PARTS = st.sampled_from(["a", "0", "-", ".", ",", "{", "}", "..", "\\", 
                                  "{07..10}", "{5..1..2}", "{,}", "{A..c}", "x{", "{-2..2}"])
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)  # 300 took 21 s
 @given(st.lists(PATTERN_PARTS, max_size=8).map("".join))
 def test_the_count_is_the_number_of_names_braceexpand_makes(pattern):
     """The names are counted by braceexpand's own grammar: for every pattern the count equals the expansion."""
@@ -254,13 +255,16 @@ def test_the_count_is_the_number_of_names_braceexpand_makes(pattern):
 
     from torchboost.data.braces import count_names
 
+    # up to CAP + 1 names only: eight ranges expand to billions, and listing them all hangs the test (a seed
+    # that draws such a pattern did); past CAP the count must say "more than CAP" too
+    cap = 200_000
     try:
-        expected = len(list(braceexpand(pattern)))
+        expected = sum(1 for _ in itertools.islice(braceexpand(pattern), cap + 1))
     except UnbalancedBracesError:
         with pytest.raises(UnbalancedBracesError):
             count_names(pattern)
         return
-    assert count_names(pattern) == expected
+    assert (count_names(pattern) == expected) if expected <= cap else (count_names(pattern) > cap)
 
 
 # --- 5. saved state is checked like a config ----------------------------------------------------------------
