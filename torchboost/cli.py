@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 
 from .commands import command_modules
 from .commands.args import OneLineParser
+from . import scratch
 from .errors import TorchboostError, printable
 
 
@@ -56,6 +57,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:  # `torchboost` alone = the main job
         args = parser.parse_args([*(["--debug"] if args.debug else []), "train"])
     func: Callable[[argparse.Namespace], int] = args.func
+    # libraries' caches (torch's compiler folder at its import, matplotlib's fonts): in a private folder removed
+    # at the end, set before anything imports them; a run's own folder still holds what it caches
+    with scratch.private_folder():
+        return _run(func, args)
+
+
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         if args.threads_applied and args.threads is not None:  # train, race, lr-find: their own
             import torch

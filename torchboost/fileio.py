@@ -27,6 +27,7 @@ from typing import BinaryIO, Optional
 from contextlib import contextmanager
 from pathlib import Path
 
+from torchboost import scratch
 from torchboost.errors import DataError, OutputError, TorchboostError, printable
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
@@ -72,11 +73,15 @@ CACHE_ENV = "TORCHBOOST_CACHE_DIR"  # where libraries' caches go (matplotlib's f
 def cache_dir(kind: str) -> Optional[Path]:
     """The folder for a library's cache of `kind`: under TORCHBOOST_CACHE_DIR when the user names one, else
     under `.cache/` of the folder the tool is writing (the innermost `confine_writes` root); None when neither
-    (the library's own default then, for a command that writes nothing). Never $HOME or $TMPDIR unasked."""
+    else under the command's private temporary folder (`scratch`, removed when it ends); None when none of
+    these (the library's own default then). Never $HOME or $TMPDIR unasked."""
     named = os.environ.get(CACHE_ENV)
     if named:
         return Path(named) / kind
-    return _CONFINED[-1][0] / ".cache" / kind if _CONFINED else None
+    if _CONFINED:
+        return _CONFINED[-1][0] / ".cache" / kind
+    private = scratch.current()
+    return private / kind if private is not None else None
 
 
 def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:

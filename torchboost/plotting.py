@@ -7,6 +7,7 @@ import sys
 from types import ModuleType
 
 from torchboost.fileio import cache_dir, make_dirs
+from torchboost.scratch import users_own
 
 
 def pyplot() -> ModuleType:
@@ -15,7 +16,8 @@ def pyplot() -> ModuleType:
     its first epoch, so the variable is set aside while matplotlib is imported (and put back)."""
     saved = os.environ.pop("MPLBACKEND", None)
     # matplotlib settles its config and font cache folder at its first import: the run's cache, not ~/.matplotlib
-    folder = None if "MPLCONFIGDIR" in os.environ or "matplotlib" in sys.modules else cache_dir("matplotlib")
+    folder = None if users_own("MPLCONFIGDIR") or "matplotlib" in sys.modules else cache_dir("matplotlib")
+    before = os.environ.get("MPLCONFIGDIR")
     if folder is not None:
         os.environ["MPLCONFIGDIR"] = str(make_dirs(folder))
     try:
@@ -26,6 +28,9 @@ def pyplot() -> ModuleType:
     finally:
         if saved is not None:
             os.environ["MPLBACKEND"] = saved
-        if folder is not None:
-            del os.environ["MPLCONFIGDIR"]  # read once, at the import: later runs must not inherit this run's
+        if folder is not None:  # read once, at the import: later runs must not inherit this run's
+            if before is None:
+                del os.environ["MPLCONFIGDIR"]
+            else:
+                os.environ["MPLCONFIGDIR"] = before
     return plt

@@ -16,6 +16,8 @@ child process:
 - a KeyboardInterrupt (or any exception) in the parent kills it before it propagates, the terminal's Ctrl-C
   reaches it directly (it keeps SIGINT's default action: it ends even inside a node), a parent that goes away
   ends it (a watcher thread; ONNX Runtime releases the GIL while it runs), and the object's finalizer kills it;
+- it runs in a private folder (working folder, HOME, TMPDIR and the XDG folders: ONNX Runtime writes a device id
+  and a database under ~/.cache and a file in $TMPDIR), removed when it ends;
 - its answers are a JSON header and raw float32 bytes (never pickle: the child runs untrusted computation),
   each checked by the parent before it is used, and nothing else it prints reaches the terminal.
 
@@ -30,10 +32,12 @@ import math
 import os
 import re
 import selectors
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -46,6 +50,7 @@ RUN_SECONDS = 600.0  # one batch (ResNet-152, 64 images of 224×224, one slow th
 MIN_MEMORY = 8 << 30  # the address-space cap never goes below this (ONNX Runtime's threads reserve much)
 MAX_HEADER = 1 << 16  # bytes of one JSON header
 _LENGTH = struct.Struct(">Q")
+PRIVATE = ("HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
          "from torchboost.deploy.onnxproc import serve; serve()")
 
@@ -77,12 +82,17 @@ class OrtProcess:
         load_seconds = LOAD_SECONDS if load_seconds is None else load_seconds
         self.run_seconds = RUN_SECONDS if run_seconds is None else run_seconds
         paths = [p for p in sys.path if p]  # '' is the working folder: never searched
+        home = ""
         try:
+            home = tempfile.mkdtemp(prefix="torchboost-onnxruntime-")
             self.proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, json.dumps(paths), str(os.getpid())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         cwd=home, env={**os.environ, **{key: home for key in PRIVATE}})
         except OSError as e:
+            if home:
+                shutil.rmtree(home, ignore_errors=True)
             raise ChildFailed(f"cannot be run: no Python process for ONNX Runtime starts ({e.strerror or e})") from None
-        self._finalizer = weakref.finalize(self, _kill, self.proc)
+        self._finalizer = weakref.finalize(self, _kill, self.proc, home)
         for stream in (self.proc.stdin, self.proc.stdout):
             os.set_blocking(stream.fileno(), False)
         header = {"input": input_name, "threads": threads, "memory": memory or memory_cap()}
@@ -144,12 +154,13 @@ class OrtProcess:
         return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen, home: str) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
     for stream in (proc.stdin, proc.stdout):
         stream.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _ready(selector: selectors.BaseSelector, deadline: float) -> None:

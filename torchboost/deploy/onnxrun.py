@@ -12,6 +12,7 @@ each answer is checked (float32, batch × classes) before it is used.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -69,11 +70,12 @@ class OnnxClassifier:
 
 
 def _import_runtime() -> Any:
-    """onnx, once onnxruntime is known to import too (the child process imports it): ConfigError naming the
-    extra otherwise."""
+    """onnx, once onnxruntime is known to be installed (only the child process imports it: importing it
+    writes under $HOME and $TMPDIR): ConfigError naming the extra otherwise."""
     try:
         import onnx
-        import onnxruntime  # noqa: F401
+        if importlib.util.find_spec("onnxruntime") is None:
+            raise ImportError(name="onnxruntime")
     except ImportError as e:
         raise ConfigError(f"running an .onnx model needs the onnx and onnxruntime packages "
                           f"({e.name or 'one'} is missing)", EXTRA) from None

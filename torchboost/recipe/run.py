@@ -37,6 +37,7 @@ from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve_config
 from torchboost.recipe.run_says import chance_advice, describe_run, schedule_note, warnings_for
 from torchboost.recipe.validation import validated
+from torchboost.scratch import users_own
 from torchboost.seed import seed_everything
 from torchboost.train.callbacks import ChanceMonitor
 from torchboost.train.checkpoint import load_backbone, load_checkpoint, saved_classes
@@ -340,14 +341,17 @@ def compiler_cache() -> Iterator[None]:
     """While a run trains, the compiler's caches (torch.compile's, and the fused optimizers' CPU kernels) go
     under the run (`fileio.cache_dir`), not $TMPDIR (the user's own variables win); the environment is put
     back after."""
-    set_here = [k for k in COMPILER_CACHES if k not in os.environ and cache_dir(k) is not None]
+    set_here = {k: os.environ.get(k) for k in COMPILER_CACHES if not users_own(k) and cache_dir(k) is not None}
     for key in set_here:
         os.environ[key] = str(cache_dir(COMPILER_CACHES[key]))
     try:
         yield
     finally:
-        for key in set_here:
-            os.environ.pop(key, None)
+        for key, before in set_here.items():  # the command's private folder's, or unset
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
 
 
 
