@@ -113,7 +113,9 @@ def train_args(epochs: int, save_every: int, out: Path) -> list[str]:
 
 
 def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # faulthandler: a worker stopped at a hang (tests/ranks.py) prints its stacks
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+            "PYTHONFAULTHANDLER": "1"}
 
 
 def launch(out: Path, epochs: int, save_every: int, nproc: int, plan: dict | None = None) -> subprocess.Popen:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranks import finish, job_env
 from torch import nn
 
 from torchboost.distributed import (DistInfo, all_reduce_sum, any_rank, fusion_bucket_caps_mb, guard, init_distributed,
@@ -124,13 +125,17 @@ def _fault_worker(mode: str) -> float:
 
 @pytest.mark.dist
 @pytest.mark.parametrize("mode", ["kill", "hang"])
-def test_dead_or_hung_rank_ends_the_job_with_a_clear_error(mode: str) -> None:
+def test_dead_or_hung_rank_ends_the_job_with_a_clear_error(mode: str, capfd: pytest.CaptureFixture) -> None:
     with pytest.raises(DistributedError) as err:  # launch's own 60 s limit guards against a hang of the test
         launch(_fault_worker, 2, mode, timeout_s=60, start_method="fork")
     msg = str(err.value)
     # the event, not its timing: rank 0 (alive) names the collective its peer never joined
     assert "rank 0: torchboost.errors.DistributedError: after" in msg
     assert "rank 0 lost its peers during all_reduce" in msg
+    if mode == "hang":  # the stopped rank said where it hung before it was killed
+        assert "ranks [1] were stopped" in msg and "Python stacks" in msg
+        stacks = capfd.readouterr().err
+        assert "in _fault_worker" in stacks and "time.sleep(60)" not in msg, stacks[-3000:]
 
 
 SCRIPT = textwrap.dedent("""
@@ -161,9 +166,9 @@ def test_torchrun_style_processes_log_per_rank_and_exit_cleanly(tmp_path: Path) 
            "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs")],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              env=job_env({**env, "RANK": str(r), "LOCAL_RANK": str(r)}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = finish(procs, 120)
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, err
         assert "terminate called" not in err

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ranks import finish, job_env
 
 from torchboost.cli import main
 from torchboost.distributed import Described, check_timeout, read_env, restart_count
@@ -238,13 +239,13 @@ def test_a_failed_launch_tells_a_config_error_from_a_crash_and_names_the_real_wo
 def cli(argv: list[str], timeout: float = 60, **env: str) -> subprocess.Popen:
     environ = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
     environ.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
-    return subprocess.Popen([sys.executable, "-m", "torchboost", *argv], env=environ, text=True,
+    return subprocess.Popen([sys.executable, "-m", "torchboost", *argv], env=job_env(environ), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def one_error_line(proc: subprocess.Popen, timeout: float = 60) -> str:
     """The single `error:` line a refused run prints (exit 2, no traceback, no C++ frames or c10d log lines)."""
-    out, err = proc.communicate(timeout=timeout)  # the bound against a hang
+    ((out, err),) = finish([proc], timeout)  # the bound against a hang
     assert proc.returncode == 2, (proc.returncode, err[-2000:])
     for mark in ("Traceback", "frame #", "Exception raised from", "[c10d]", "c10::"):
         assert mark not in err, err[-2000:]

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from ranks import finish
 
 spec = importlib.util.spec_from_file_location("soak_restarts", Path(__file__).parents[1] / "benchmarks" /
                                               "soak_restarts.py")
@@ -30,8 +31,8 @@ def test_three_crashes_under_torchrun_end_bit_identical_to_the_uninterrupted_run
     plan = {"faults": FAULTS, "kill_log": str(tmp_path / "kills.jsonl")}
     straight = soak.launch(tmp_path / "straight", 2, SAVE_EVERY, 2)
     job = soak.launch(tmp_path / "killed", 2, SAVE_EVERY, 2, plan)
-    out = job.communicate(timeout=600)[0]  # a bound against a hang, not a speed claim
-    assert straight.communicate(timeout=600)[0] and straight.returncode == 0
+    (out, _), (straight_out, _) = finish([job, straight], 600)  # a bound against a hang, not a speed claim
+    assert straight_out and straight.returncode == 0
     assert job.returncode == 0, out[-4000:]
 
     done = soak.kills_done(plan)

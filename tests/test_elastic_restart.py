@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranks import finish, job_env
 
 from torchboost.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -22,7 +23,7 @@ TRAIN = ["-m", "torchboost", "train", "-c", "digits-lenet", "--epochs", "5", "--
 
 
 def launch(out: Path) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = job_env(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     return subprocess.Popen([*TORCHRUN, *TRAIN, "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
 
@@ -42,10 +43,11 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_never_interrupted(t
         assert time.monotonic() < deadline and victim.poll() is None, "the run ended before epoch 2's checkpoint"
         time.sleep(0.1)
     os.kill(workers(victim)[-1], signal.SIGKILL)
-    out, _ = victim.communicate(timeout=600)
+    ((out, _),) = finish([victim], 600)
     assert victim.returncode == 0, out[-3000:]
     assert "resumed from" in out and "final: top-1" in out
-    assert straight.wait(600) == 0
+    finish([straight], 600)
+    assert straight.returncode == 0
     a = load_checkpoint(list_checkpoints(tmp_path / "straight" / "ckpt", "mnist_cnn")[-1])
     b = load_checkpoint(list_checkpoints(tmp_path / "killed" / "ckpt", "mnist_cnn")[-1])
     assert a["epoch"] == b["epoch"] == 4

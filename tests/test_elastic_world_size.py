@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import finish, job_env
 
 from torchboost.train.checkpoint import load_checkpoint
 
@@ -21,7 +22,10 @@ TRAIN = ["-m", "torchboost", "train", "-c", "digits-lenet", "--set", "train.prog
 def run(cmd: list[str], **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RESTART_COUNT"}
     environ.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **env)
-    return subprocess.run([sys.executable, *cmd], capture_output=True, text=True, env=environ, timeout=600)
+    proc = subprocess.Popen([sys.executable, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env(environ))
+    ((out, err),) = finish([proc], 600)  # a bound against a hang, not a speed claim
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def files(folder: Path) -> dict[str, bytes]:

@@ -215,16 +215,25 @@ def test_an_output_that_is_not_a_folder_is_refused_before_any_work(tmp_path, cap
 
 @pytest.mark.slow
 def test_the_guides_lr_find_figures_are_what_the_command_prints(tmp_path, capsys):
-    """docs/guide/around-training.md quotes the default task's suggestions and shows img/lr-find.png, made
-    from img/lr-find.json: the command run now gives those suggestions (the figure's data is this run's)."""
+    """docs/guide/around-training.md quotes the default task's suggestions and shows img/lr-find.png, made from
+    img/lr-find.json. What holds on any machine: the quoted figures are the file's (the same file, compared
+    exactly), and the command run now, at the file's thread count, suggests within x sqrt(2) of them. Not equal:
+    another CPU's kernels (AVX2 against AVX-512) sum in another order, which moves the smoothed loss's lowest point
+    by a few sweep steps (x1.072 each; seen: 1-2 on a second machine). x sqrt(2) is 5 steps, half the race grids'
+    x2 spacing, the precision `race --lr-find` uses the suggestion at."""
     import json
     import re
 
-    assert main(["lr-find", "--optimizers", "sgd", "adamw", "muon", "-o", str(tmp_path / "lf")]) == 0
-    ran = json.loads((tmp_path / "lf" / "lr-find.json").read_text())["results"]
-    shown = json.loads((ROOT / "docs" / "guide" / "img" / "lr-find.json").read_text())["results"]
+    recorded = json.loads((ROOT / "docs" / "guide" / "img" / "lr-find.json").read_text())
     guide = (ROOT / "docs" / "guide" / "around-training.md").read_text()
     quoted = dict(re.findall(r"(SGD|AdamW|Muon) (0\.\d+)", guide[guide.index("On the default task"):]))
-    for name, key in (("SGD", "sgd"), ("Muon", "muon"), ("AdamW", "adamw")):
-        assert f"{ran[key]['suggestion']:.2g}" == quoted[name], (name, quoted[name])
-        assert ran[key]["suggestion"] == pytest.approx(shown[key]["suggestion"], rel=0.05)
+    pairs = (("SGD", "sgd"), ("Muon", "muon"), ("AdamW", "adamw"))
+    for name, key in pairs:  # the words are the plot's data
+        assert f"{recorded['results'][key]['suggestion']:.2g}" == quoted[name], (name, quoted[name])
+    threads = recorded["settings"]["threads"]
+    assert main(["lr-find", "--optimizers", "sgd", "adamw", "muon", "--threads", str(threads),
+                 "-o", str(tmp_path / "lf")]) == 0
+    ran = json.loads((tmp_path / "lf" / "lr-find.json").read_text())["results"]
+    for name, key in pairs:
+        ratio = ran[key]["suggestion"] / recorded["results"][key]["suggestion"]
+        assert 2 ** -0.5 <= ratio <= 2 ** 0.5, (name, ran[key]["suggestion"], quoted[name])

@@ -11,19 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from ranks import finish, job_env
+
+from torchboost.distributed.launch import free_port
 
 TRAIN = ["-m", "torchboost", "train", "-c", "digits-lenet", "--epochs", "1", "--set", "train.progress_bar=false",
          "--set", "train.log_every=1000"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def agent(port: int, out: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = job_env(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
            f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test{port}", *extra, *TRAIN, "-o", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -34,7 +31,7 @@ def agent(port: int, out: Path, *extra: str) -> subprocess.Popen:
 def test_two_agents_train_checkpoint_and_evaluate_together(tmp_path):
     port = free_port()
     nodes = [agent(port, tmp_path / "out") for _ in range(2)]
-    outs = [n.communicate(timeout=600)[0] for n in nodes]
+    outs = [out for out, _ in finish(nodes, 600)]  # a bound against a hang, not a speed claim
     assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[-2000:] for o in outs)
     final = [o for o in outs if "final: top-1" in o]
     assert len(final) == 1  # rank 0 reports; the evaluation counted every image once across the two
@@ -49,7 +46,7 @@ def test_two_agents_train_checkpoint_and_evaluate_together(tmp_path):
 
 def launch(port: int, out: Path, nnodes: int, nproc: int, *train: str) -> subprocess.Popen:
     """`torchboost launch`: the agent in torchboost's own process, its join timeout = dist.timeout_s."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = job_env(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     cmd = [sys.executable, "-m", "torchboost", "launch", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"test{port}", *TRAIN[2:], *train, "-o", str(out)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -60,7 +57,7 @@ def launch(port: int, out: Path, nnodes: int, nproc: int, *train: str) -> subpro
 def test_two_launched_nodes_of_two_processes_each_train_and_every_worklog_names_its_node_and_rank(tmp_path):
     port = free_port()
     nodes = [launch(port, tmp_path / "out", 2, 2, "--set", "data.batch_size=16") for _ in range(2)]
-    outs = [n.communicate(timeout=600) for n in nodes]
+    outs = finish(nodes, 600)
     assert [n.returncode for n in nodes] == [0, 0], "\n".join(o[1][-2000:] for o in outs)
     final = [o for o, _ in outs if "final: top-1" in o]
     assert len(final) == 1 and "4 process(es)" in final[0] and "val_samples=360" in final[0]
@@ -74,7 +71,7 @@ def test_two_launched_nodes_of_two_processes_each_train_and_every_worklog_names_
 @pytest.mark.slow
 def test_a_node_that_never_arrives_ends_the_job_after_dist_timeout_s_with_one_line(tmp_path):
     lonely = launch(free_port(), tmp_path / "out", 2, 1, "--set", "dist.timeout_s=10")
-    out, err = lonely.communicate(timeout=300)  # the bound against a hang: far below torchrun's 600 s default
+    ((out, err),) = finish([lonely], 300)  # the bound against a hang: far below torchrun's 600 s default
     assert lonely.returncode == 2
     assert err.splitlines() == ["error: not every node joined the rendezvous at 127.0.0.1:"
                                 f"{lonely.args[lonely.args.index('--rdzv-endpoint') + 1].split(':')[1]} within 10 s "

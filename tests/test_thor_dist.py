@@ -1,7 +1,6 @@
 """THOR under torch.distributed (2 gloo processes on 127.0.0.1): factors averaged across ranks before
 inversion, inversions split between ranks; the result equals one process on the concatenated batch."""
 
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torchboost.distributed.launch import free_port
 from torchboost.optim.thor import THOR
 
 STEPS, BATCH = 3, 8
@@ -57,7 +57,7 @@ def finish_rank(out: str, rank: int, result: dict) -> None:
 
 def spawn_ranks(worker, out: Path, world: int = 2) -> list[dict]:
     """Run `worker(rank, world, port, out)` in `world` spawned processes (killed if they hang); their results."""
-    ctx = mp.start_processes(worker, args=(world, _free_port(), str(out)), nprocs=world, join=False,
+    ctx = mp.start_processes(worker, args=(world, free_port(), str(out)), nprocs=world, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 120
     try:
@@ -78,10 +78,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     finish_rank(out, rank, {"params": net.state_dict(), "layers": layers, "counters": opt.counters})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.dist

@@ -1,17 +1,29 @@
 """Run a function on N local processes the way torchrun runs a script (for notebooks, tests, benchmarks).
 
-Each child gets the torchrun environment (MASTER_ADDR=127.0.0.1, a free MASTER_PORT, RANK, WORLD_SIZE,
+Each child gets the torchrun environment (MASTER_ADDR=127.0.0.1, MASTER_PORT, RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, OMP_NUM_THREADS=1), so `fn` calls `init_distributed()` exactly as a
 script under torchrun would. Results come back through torch.save bytes loaded with weights_only=True,
 so they must be tensors, numbers, strings and containers of those.
+
+The parent hosts the job's store, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE): it binds a port the
+OS picks and holds it until the children are done. A port chosen first and bound later by rank 0 can be taken
+in between — by another job's gloo connection, or by another job's store, whose clients then wait on the wrong
+server until a timeout (the stalls seen when several launches ran at once on a loaded machine). A rank still
+running at the deadline is asked for its Python stacks (faulthandler, SIGUSR1) before it is killed, so a hang
+says where it hung.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import faulthandler
 import importlib
 import io
 import os
 import queue
+import random
+import signal
 import socket
 import sys
 import time
@@ -28,17 +40,39 @@ from torchboost.errors import DistributedError
 _GRACE_S = 5.0  # how long the other ranks may still run after one rank failed
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections and to bind(0) (Linux's default otherwise)."""
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a job whose rank 0 binds it later (torchrun, or
+    processes started by hand). Drawn below the kernel's ephemeral range: a port from bind(0) is an ephemeral one,
+    which any outgoing connection (gloo's between ranks of another job) may take before rank 0 binds it."""
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), max(1025, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise DistributedError(f"no free TCP port found below the ephemeral range (from {low})",
+                           "free some ports, or give MASTER_PORT yourself")
 
 
 def _child(fn: Callable[..., Any], rank: int, nprocs: int, port: int, args: tuple, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs))
+                      WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs),
+                      TORCHELASTIC_USE_AGENT_STORE=str(True))  # the parent hosts the store
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N ranks must not oversubscribe cores
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks a straggler where it hangs
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     try:
         out = fn(*args)
@@ -77,7 +111,16 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
         for name in preload:
             importlib.import_module(name)
     results = ctx.Queue()
-    port = free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        return _run(ctx, store.port, fn, nprocs, args, results, timeout_s)
+    finally:
+        del store  # closes the port: every child has ended by now
+
+
+def _run(ctx: Any, port: int, fn: Callable[..., Any], nprocs: int, args: tuple, results: Any,
+         timeout_s: float) -> list[Any]:
     procs = [ctx.Process(target=_child, args=(fn, r, nprocs, port, args, results), daemon=False)
              for r in range(nprocs)]
     for p in procs:
@@ -104,9 +147,14 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
             deadline = min(deadline, time.monotonic() + _GRACE_S)
     for p in procs:
         p.join(timeout=max(1.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join()
+    stuck = [p for p in procs if p.is_alive()]
+    for p in stuck:  # each prints its threads' Python stacks to stderr (registered in _child)
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGUSR1)
+    for p in stuck:
+        p.join(timeout=2.0)  # time to write the stacks; the rank itself goes on hanging
+        p.kill()
+        p.join()
     missing = [r for r in range(nprocs) if r not in outs and r not in errors]
     if errors or missing:
         detail = "; ".join(f"rank {r}: {msg.strip().splitlines()[-1]}" for r, msg in sorted(errors.items()))
@@ -114,5 +162,6 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
             detail += f"; ranks {missing} were stopped, still running " + (
                 f"{_GRACE_S:.0f} s after the first failure" if errors else f"after {timeout_s:.0f} s")
         raise DistributedError(f"launch of {nprocs} processes failed: {detail}",
-                               "each failing rank printed its full traceback to stderr; fix the first one")
+                               "each failing rank printed its full traceback to stderr, and each stopped one its "
+                               "Python stacks; fix the first one")
     return [outs[r] for r in range(nprocs)]
