@@ -279,6 +279,17 @@ HOSTILE: dict[str, Callable[[], object]] = {
     "classes nested 100,000 deep": lambda: with_props(classes="[" * 100_000),
     "a metadata value over the cap": lambda: with_props(classes='["' + "c" * (1 << 22) + '"]'),
     "a class named with controls (and one missing)": lambda: with_props(classes='["cat\\nerror: forged"]'),
+    "a std of 5e-324": lambda: with_props(std="[5e-324]"),
+    "a mean of 1e300": lambda: with_props(mean="[1e300]"),
+    "the classes key twice (the last reversed)": lambda: _twice("classes", '["dog", "cat"]'),
+    # allowed ops whose outputs are no numbers: never printed as probabilities
+    "Sqrt of -1": lambda: classifier([h.make_node("Mul", ["g", "zero"], ["z"]), h.make_node("Add", ["z", "m1"], ["n"]),
+                                      h.make_node("Sqrt", ["n"], ["logits"])],
+                                     [nh.from_array(np.zeros(1, np.float32), "zero"),
+                                      nh.from_array(-np.ones(1, np.float32), "m1")]),
+    "a division by zero": lambda: classifier([h.make_node("Div", ["g", "zero"], ["logits"])],
+                                             [nh.from_array(np.zeros(1, np.float32), "zero")]),
+    "Gemm alpha NaN": lambda: _gemm_alpha(float("nan")),
     # other fields
     "opset 10^6": lambda: classifier(opset=10**6),
     "ir_version 10^6": lambda: _set(classifier(), ir_version=10**6),
@@ -289,6 +300,19 @@ HOSTILE: dict[str, Callable[[], object]] = {
     "truncated bytes": lambda: classifier().SerializeToString()[:300],
     "not protobuf": lambda: b"\xff" * 64,
 }
+
+
+def _twice(key: str, text: str):
+    model = classifier()
+    entry = model.metadata_props.add()
+    entry.key, entry.value = key, text
+    return model
+
+
+def _gemm_alpha(alpha: float):
+    model = classifier()
+    model.graph.node[1].attribute.append(h.make_attribute("alpha", alpha))
+    return model
 
 
 def _entries_only():
@@ -411,6 +435,12 @@ def test_a_hostile_model_is_one_line(place, name):
         assert "control flow" in err
     if name.startswith(("Cast", "ConstantOfShape", "RandomNormalLike", "a contrib", "an op of")):
         assert "allow-list" in err
+    if name in ("Sqrt of -1", "a division by zero", "Gemm alpha NaN"):  # printed as probabilities before
+        assert "not a finite number" in err and "model.onnx" in err and "img.png" in err
+    if name in ("a std of 5e-324", "a mean of 1e300"):
+        assert "outside [" in err
+    if "twice" in name:
+        assert "'classes' twice" in err
 
 
 # Every kind of protobuf field of nodes, functions, initializers (dense and sparse), metadata and the graph's

@@ -23,6 +23,9 @@ FORMAT = "torchboost-classifier/1"  # the value of the `format` key; changes whe
 META_FILE = "torchboost.json"  # the extra file in TorchScript / ExportedProgram archives
 MAX_VALUE_CHARS = 1 << 22  # a metadata value (the class names of a 100k-class model fit)
 MAX_SIDE = 16384  # pixels: a larger input side is a corrupt value, not a model
+# per-channel normalisation on [0, 1] pixels, bounded once for configs (data.mean / data.std) and metadata alike:
+# a std of 5e-324 divides a pixel into infinity
+MEAN_RANGE, STD_RANGE = (-1000.0, 1000.0), (1e-4, 1000.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +97,9 @@ class DeployInfo:
             raise bad(f"metadata input_size {[c, h, w]} / resize {resize} is not 1 or 3 channels of a square "
                       f"image no larger than the resize")
         mean, std = (_floats(value(k), c, bad, k) for k in ("mean", "std"))
-        if not all(s > 0 for s in std):
-            raise bad("metadata std holds a value <= 0")
+        for key, values, (low, high) in (("mean", mean, MEAN_RANGE), ("std", std, STD_RANGE)):
+            if not all(low <= v <= high for v in values):
+                raise bad(f"metadata {key} holds a value outside [{low:g}, {high:g}] (as a checkpoint's data.{key})")
         classes = value("classes")
         if not (isinstance(classes, list) and classes and all(isinstance(n, str) for n in classes)
                 and len(set(classes)) == len(classes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,6 +46,9 @@ class OnnxClassifier:
         except Exception as e:  # protobuf's DecodeError and friends: the file is not an ONNX model
             raise self._bad(f"is not an ONNX model ({type(e).__name__})") from None
         check_graph(proto, source)
+        twice = next((k for k, n in Counter(p.key for p in proto.metadata_props).items() if n > 1), None)
+        if twice is not None:  # a dict keeps the last: a second `classes` would relabel every output
+            raise self._bad(f"has the metadata key {printable(twice[:40])!r} twice")
         self.info = DeployInfo.from_props({p.key: p.value for p in proto.metadata_props}, source)
         input_name = check_signature(proto.graph, self.info.input_size, len(self.info.classes), source)
         del proto

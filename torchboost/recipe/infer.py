@@ -16,7 +16,7 @@ import torch
 
 from torchboost.boost import resolve_boost, transform_model
 from torchboost.data import build_loader, loader_skipped, read_image
-from torchboost.errors import CheckpointError, ConfigError, DataError
+from torchboost.errors import CheckpointError, ConfigError, DataError, printable
 from torchboost.recipe.build import build_loss, build_model
 from torchboost.recipe.config import Config
 from torchboost.recipe.data import build_dataset, eval_preprocess, input_norm, load_data, split_source
@@ -184,7 +184,7 @@ def predict_images(path: str, images: Sequence[str], topk: int = 5, config: Opti
         return _predict_onnx(path, images, topk, config, overrides, batch_size)
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     classes = saved_classes(ckpt, cfg.model.num_classes, path) or [str(i) for i in range(cfg.model.num_classes)]
-    return _top_k(image_files(images), eval_preprocess(cfg.data), model.predict, classes, topk, batch_size)
+    return _top_k(path, image_files(images), eval_preprocess(cfg.data), model.predict, classes, topk, batch_size)
 
 
 def _predict_onnx(path: str, images: Sequence[str], topk: int, config: Optional[str], overrides: Sequence[str],
@@ -198,17 +198,25 @@ def _predict_onnx(path: str, images: Sequence[str], topk: int, config: Optional[
                           "drop --config/--set")
     model = OnnxClassifier(path, threads=torch.get_num_threads())
     files = image_files(images)  # after the model is checked, as for a checkpoint
-    return _top_k(files, model.info.transform(), lambda x: torch.from_numpy(model.logits(x.numpy())),
+    return _top_k(path, files, model.info.transform(), lambda x: torch.from_numpy(model.logits(x.numpy())),
                   list(model.info.classes), topk, batch_size)
 
 
-def _top_k(files: list[str], transform, logits, classes: list[str], topk: int,
+def _top_k(model: str, files: list[str], transform, logits, classes: list[str], topk: int,
            batch_size: int) -> list[tuple[str, list[tuple[str, float]]]]:
-    """[(file, top-k (class, probability))]: `logits` of each batch of preprocessed files, softmaxed."""
+    """[(file, top-k (class, probability))]: `logits` of each batch of preprocessed files, softmaxed; a
+    CheckpointError naming `model` and the file when an output is not a finite number (NaN weights, a graph
+    that divides by zero): softmax would print NaN as a probability."""
     results = []
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
-        probs = logits(torch.stack([read_image(p, transform) for p in chunk])).softmax(dim=1)
+        out = logits(torch.stack([read_image(p, transform) for p in chunk]))
+        finite = torch.isfinite(out).all(dim=1)
+        if not finite.all():
+            bad = chunk[int((~finite).nonzero()[0])]
+            raise CheckpointError(f"{printable(model)} gave an output that is not a finite number (NaN or infinity) "
+                                  f"for {printable(bad)}", "check the model: its weights or graph make no prediction")
+        probs = out.softmax(dim=1)
         top = probs.topk(min(topk, probs.shape[1]), dim=1)
         results += [(f, [(classes[i], float(p)) for p, i in zip(ps.tolist(), idx.tolist())])
                     for f, ps, idx in zip(chunk, top.values, top.indices)]

@@ -318,11 +318,21 @@ def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") 
         if state[name].shape != tensor.shape:
             raise CheckpointError(f"{source} tensor '{name}' has shape {tuple(state[name].shape)}, model expects "
                                   f"{tuple(tensor.shape)}", "check model.name / model.num_classes match the checkpoint")
+        if _kind(state[name]) != _kind(tensor):  # load_state_dict would cast int8 or bool weights without a word
+            raise CheckpointError(f"{source} tensor '{name}' holds {str(state[name].dtype).removeprefix('torch.')}, "
+                                  f"the model's is {str(tensor.dtype).removeprefix('torch.')}",
+                                  "pass weights saved from this architecture (floating-point weights, in any precision)")
     extra = [k for k in state if k not in own]
     if extra:
         raise CheckpointError(f"{source} has unexpected tensor '{extra[0]}' ({len(extra)} extra)",
                               "it was saved for another architecture; check model.name")
     model.load_state_dict(state)
+
+
+def _kind(t: torch.Tensor) -> str:
+    """A dtype's kind: tensors of one kind load into each other (float16 weights into float32), not across."""
+    return ("float" if t.is_floating_point() else "complex" if t.is_complex() else "bool" if t.dtype == torch.bool
+            else "int")
 
 
 def weights_finite(module: torch.nn.Module) -> bool:
