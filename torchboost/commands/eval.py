@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from torchboost.commands.args import add_recipe, add_threads
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     res = evaluate_checkpoint(args.checkpoint, args.data, args.split, use_ema=args.ema, config=args.config,
                               overrides=args.set or [])
     report, source = res.pop("per_class"), res.pop("data")
-    written = write_per_class(report, Path(args.out), f"confusion on {source}") if args.out else []
+    written = write_per_class(report, Path(args.out), f"confusion on {source}",
+                              lambda line: print(line, file=sys.stderr)) if args.out else []
     if args.format == "json":  # full precision, what it was computed on and every per-class figure, one document
         print(json.dumps({"evaluated_on": source, **res, "per_class": report,
                           "files": [str(p) for p in written]}, indent=1))

@@ -8,6 +8,7 @@ import json
 import sys
 
 from torchboost.errors import printable
+from torchboost.escape import csv_cell
 from torchboost.commands.args import add_recipe, add_threads, positive_int
 
 NAME = "predict"
@@ -36,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(["file", "rank", "class", "probability"])
-        # names escaped as in text (a terminal shows CSV too); --format json keeps them exact, JSON-escaped
-        writer.writerows([printable(path), rank + 1, printable(c), f"{p:.6f}"] for path, preds in rows
+        # names escaped as in text (a terminal shows CSV too) and never a formula; --format json keeps them exact,
+        writer.writerows([csv_cell(path), rank + 1, csv_cell(c), f"{p:.6f}"] for path, preds in rows
                          for rank, (c, p) in enumerate(preds))
     else:  # text: names from files (image paths, the checkpoint's class names) with control characters escaped,
         for path, preds in rows:  # so a class called "cat\nfile.png: dog 0.99" cannot print a line of its own

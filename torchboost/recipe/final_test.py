@@ -55,7 +55,7 @@ class FinalTest(Callback):
         report = per_class_report(tally, list(ds.classes), folder_files(ds, loader_skipped(loader)))
         for line in summary_lines(report):
             self.log(line)
-        written = write_per_class(report, self.out / split, f"{split}: {source}, {weights}")
+        written = write_per_class(report, self.out / split, f"{split}: {source}, {weights}", self.log)
         self.log(f"per-class results: {', '.join(str(p) for p in written)}")
         if test:  # the validation split's figures are already the epochs' own
             state.final_results = {f"test_{key}": float(v) for key, v in results.items()

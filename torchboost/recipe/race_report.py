@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from torchboost.errors import ConfigError, printable
+from torchboost.escape import plot_label
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
 from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
@@ -365,7 +366,7 @@ def race_figure(lanes: Sequence[Lane], summary: dict):
     lowest = min(float(t) for t in summary["targets"])
     for name, row in rows.items():
         xs, ys, lo, hi = median_curve(lanes, name, row["lr"])
-        line, = ax.plot(xs, ys, marker=".", label=f"{name} (lr {row['lr']:g})")
+        line, = ax.plot(xs, ys, marker=".", label=plot_label(f"{name} (lr {row['lr']:g})"))
         color = line.get_color()
         ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
         tails = seed_tails(lanes, name, row["lr"])

@@ -14,8 +14,10 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from torchboost.distributed import is_main as is_main_process
+from torchboost.errors import OutputError, printable
 from torchboost.fileio import atomic_path, atomic_write, output_error, read_regular, remove_stale_temps
 from torchboost.plotting import pyplot
 from torchboost.train.state import Callback, TrainState
@@ -88,24 +90,31 @@ class History(Callback):
             state.log(f"warning: {self.path} is damaged at line {damaged_at}; moved it to {aside.name} and kept "
                       f"the {len(rows)} rows before the damage")
         if main and (repaired or damaged_at is not None):
-            self.write()
+            self.write(state.log)
 
     def on_train_epoch_end(self, state: TrainState) -> None:
         self.records.append(epoch_row(state, state.epoch + 1))
         if is_main_process():
-            self.write()
+            self.write(state.log)
 
     def on_train_end(self, state: TrainState) -> None:
         """The results after training (the test split's, `state.final_results`) join the last epoch's row."""
         if state.final_results and self.records and is_main_process():
             self.records[-1].update(state.final_results)
-            self.write()
+            self.write(state.log)
 
-    def write(self) -> None:
-        """Rewrite history.jsonl, history.csv and history.png from `records`, each atomically."""
+    def write(self, log: Callable[[str], None] = print) -> None:
+        """Rewrite history.jsonl, history.csv and history.png from `records`, each atomically. The picture is a
+        report: a failure to draw it is one line through `log` (a file system refusal stays the error)."""
         atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
         atomic_write(self.directory / "history.csv", to_csv(self.records))
-        self.plot(self.directory / "history.png")
+        try:
+            self.plot(self.directory / "history.png")
+        except OutputError:
+            raise
+        except Exception as e:  # matplotlib's: the epoch's checkpoint is written, its row too
+            log(f"warning: {printable(self.directory / 'history.png')} not drawn ({type(e).__name__}: "
+                f"{printable(str(e).strip()[:200])})")
 
     def plot(self, path: Path) -> None:
         plt = pyplot()

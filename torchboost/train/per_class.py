@@ -8,12 +8,15 @@ gives each rank its share: the recipe reports per-class results from one process
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from torchboost.escape import plot_label
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,8 @@ class ClassTally:
         return np.bincount(self.true * k + self.pred, minlength=k * k).reshape(k, k)
 
     def scores(self) -> list[ClassScore]:
-        m = self.confusion()
-        hits, predicted, support = np.diag(m), m.sum(0), m.sum(1)
+        k, true, pred = self.num_classes, self.true, self.pred  # counted per class: no K×K matrix at 10,000 classes
+        hits, predicted, support = (np.bincount(v, minlength=k) for v in (true[true == pred], pred, true))
         out = []
         for tp, pp, n in zip(hits.tolist(), predicted.tolist(), support.tolist()):
             p, r = (tp / pp if pp else 0.0), (tp / n if n else 0.0)
@@ -69,11 +72,14 @@ class ClassTally:
         return out
 
     def confused_pairs(self, n: int = 10) -> list[tuple[int, int, int]]:
-        """The `n` largest off-diagonal counts as (true, predicted, count), largest first (ties: by index)."""
-        m = self.confusion().copy()
-        np.fill_diagonal(m, 0)
-        order = sorted(((int(c), t, p) for (t, p), c in np.ndenumerate(m) if c), key=lambda x: (-x[0], x[1], x[2]))
-        return [(t, p, c) for c, t, p in order[:n]]
+        """The `n` largest off-diagonal counts as (true, predicted, count), largest first (ties: by index); from
+        the wrong samples' pairs, never a K×K matrix."""
+        true, pred = self.true, self.pred
+        wrong = true != pred
+        codes, counts = np.unique(true[wrong] * self.num_classes + pred[wrong], return_counts=True)
+        order = np.lexsort((codes, -counts))[:n]  # codes ascend as (true, predicted) do
+        return [(int(c) // self.num_classes, int(c) % self.num_classes, int(counts[i]))
+                for i, c in zip(order, codes[order])]
 
     def worst(self, n: int = 10) -> list[tuple[int, int, int, float]]:
         """The `n` wrong predictions made with the highest probability: (sample index, true, predicted, p)."""
@@ -101,15 +107,20 @@ def confusion_figure(matrix: np.ndarray, classes: Sequence[str], path: str | Pat
                       vmin=None if norm else 0, vmax=None if norm else 1, interpolation="nearest")
     step = 1 if k <= 40 else int(np.ceil(k / 40))
     ticks = list(range(0, k, step))
-    ax.set_xticks(ticks, [str(classes[i])[:20] for i in ticks], rotation=90, fontsize=7 if k > 20 else 9)
-    ax.set_yticks(ticks, [str(classes[i])[:20] for i in ticks], fontsize=7 if k > 20 else 9)
+    labels = [plot_label(str(classes[i])[:20]) for i in ticks]
+    ax.set_xticks(ticks, labels, rotation=90, fontsize=7 if k > 20 else 9)
+    ax.set_yticks(ticks, labels, fontsize=7 if k > 20 else 9)
     if k <= 20:
         for (t, p), count in np.ndenumerate(matrix):
             if count:
                 ax.text(p, t, str(count), ha="center", va="center", fontsize=8,
                         color="white" if shares[t, p] < 0.5 else "black")
-    ax.set(xlabel="predicted class", ylabel="true class", title=title)
+    ax.set(xlabel="predicted class", ylabel="true class", title=plot_label(title))
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class's samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")  # `path` may be a temp name without the suffix
-    plt.close(fig)
+    try:
+        with warnings.catch_warnings():  # a name's glyph missing from the font: a box in the picture, no warning
+            warnings.filterwarnings("ignore", message="Glyph .* missing from")
+            fig.tight_layout()
+            fig.savefig(path, dpi=100, format="png")  # `path` may be a temp name without the suffix
+    finally:
+        plt.close(fig)
