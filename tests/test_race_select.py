@@ -140,9 +140,9 @@ def test_a_configuration_that_collapsed_after_crossing_the_target_is_not_selecte
     (dict(targets=()), "settings.targets is not a list of 1 to 10 accuracies"),
     (dict(runs=[run("sgd; rm -rf /", 0.1, 0, [0.9])]), "not a registered optimizer"),
     (dict(runs=[run("sgd@0", 0.1, 0, [0.9])]), "not a registered optimizer"),
-    (dict(runs=[run("sgd", float("nan"), 0, [0.9])]), "not a race run"),
-    (dict(runs=[run("sgd", True, 0, [0.9])]), "not a race run"),
-    (dict(runs=[run("sgd", -1, 0, [0.9])]), "not a race run"),
+    (dict(runs=[run("sgd", float("nan"), 0, [0.9])]), "lr is not a finite number > 0"),
+    (dict(runs=[run("sgd", True, 0, [0.9])]), "lr is not a finite number > 0"),
+    (dict(runs=[run("sgd", -1, 0, [0.9])]), "lr is not a finite number > 0"),
     (dict(runs=[run("sgd", 0.1, 0, [])]), "history is not a list of 1 to"),
 ])
 def test_a_selection_file_that_cannot_be_trusted_is_one_line(tmp_path, change, message):

@@ -18,6 +18,7 @@ characters, or a float that overflows, as an `OutOfRange` (±inf, shown as writt
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -73,6 +74,18 @@ def json_int(text: str) -> int | float:
     """`json.loads`'s parse_int with YAML's rule: an integer written too long to be in range is an OutOfRange,
     never parsed (past 4,300 digits int() refuses it)."""
     return OutOfRange(text) if len(text) > MAX_NUMBER_CHARS else int(text)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """JSON from an untrusted file, its integers read by `json_int` (5,000 digits: kept unparsed, never a
+    ValueError deep in a caller): a ValueError with a short reason when it is not UTF-8 JSON or is nested past
+    the parser's stack (a 100,000-deep list is a RecursionError in `json.loads`)."""
+    try:
+        return json.loads(raw, parse_int=json_int)
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def check_number(value: Any, where: str, rules: str = "", written: Any = None) -> None:

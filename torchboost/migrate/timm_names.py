@@ -162,7 +162,10 @@ def from_timm(state: State, arch: str | None, network: dict[str, torch.Tensor]) 
         if want is None or target in out:
             return None
         tensor = state[name]
-        if reshape:  # C -> C×1×1, or a classifier's O×I×1×1 -> O×I
+        if reshape:  # C -> C×1×1, or a classifier's O×I×1×1 -> O×I: only ones added or taken away, checked first
+            # (a 4-D conv_head of 3×3 kernels made reshape raise)
+            if tensor.ndim == 0 or [d for d in tensor.shape[1:] if d != 1] != [d for d in want.shape[1:] if d != 1]:
+                return None
             tensor = tensor.reshape(tensor.shape[0], *want.shape[1:])
         if tensor.shape != want.shape and not (target in head and tensor.shape[1:] == want.shape[1:]):
             return None

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence
 
 from torchboost.errors import ConfigError
 from torchboost.fileio import atomic_write, make_dirs, output_error, read_regular
-from torchboost.plaindata import check_plain
+from torchboost.plaindata import check_plain, in_float_range, load_json
 
 LEDGER_NAME = "test-ledger.json"
 MAX_LEDGER = 64 << 20  # a run a line: millions of runs
@@ -42,8 +42,8 @@ def read_ledger(path: Path) -> dict:
     if len(raw) > MAX_LEDGER:
         raise ConfigError(f"{path} is {len(raw)} bytes, larger than any ledger", fix)
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = load_json(raw)
+    except ValueError as e:  # not JSON, 5,000-digit numbers kept unparsed, nesting past the parser's stack
         raise ConfigError(f"{path} is not a test-split ledger (not JSON: {e})", fix) from None
     check_plain(data, str(path))
     if not (isinstance(data, dict) and data.get("format") == FORMAT and isinstance(data.get("tasks"), list)
@@ -58,13 +58,15 @@ def _is_task(task: object) -> bool:
     runs, chosen = task.get("runs"), task.get("selection")
     return (isinstance(task.get("recipe"), str) and isinstance(task.get("overrides"), list) and isinstance(runs, list)
             and all(isinstance(r, dict) and _is_configuration(r.get("racer"), r.get("lr"))
-                    and isinstance(r.get("seed"), int) and not isinstance(r.get("seed"), bool) for r in runs)
+                    and type(r.get("seed")) is int and 0 <= r["seed"] < 2**31 and isinstance(r.get("race", ""), str)
+                    for r in runs)
             and (chosen is None or isinstance(chosen, list) and all(
                 isinstance(c, list) and len(c) == 2 and _is_configuration(*c) for c in chosen)))
 
 
 def _is_configuration(racer: object, lr: object) -> bool:
-    return isinstance(racer, str) and isinstance(lr, (int, float)) and not isinstance(lr, bool)
+    return (isinstance(racer, str) and 0 < len(racer) <= 200 and racer.isprintable() and type(lr) in (int, float)
+            and in_float_range(lr) and lr > 0)
 
 
 def _task(ledger: dict, recipe: str, overrides: Sequence[str]) -> dict | None:

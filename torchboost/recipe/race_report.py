@@ -111,9 +111,8 @@ def _final(lanes: Sequence[Lane]) -> dict:
 
 
 def is_thor(name: str) -> bool:
-    """THOR and its variants (race family "thor" in `recipe.optimizers`: thor_muon, and `thor[...]` option
-    variants) are one family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch
-    budget."""
+    """THOR and its variants (race family "thor" in `recipe.optimizers`: thor_muon, `thor[...]` option variants)
+    are one family: a variant is not THOR's rival. `NAME@EPOCHS` is that racer on its own epoch budget."""
     try:
         base = parse_racer(name).base.removesuffix("-all-convs")  # benchmarks/race.py's muon-all-convs family
     except ConfigError:  # not a racer's name (a saved race is read defensively)

@@ -16,20 +16,19 @@ machine, or a seed counted twice would bias the medians.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from torchboost.errors import ConfigError
+from torchboost.errors import ConfigError, printable
 from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
-from torchboost.plaindata import check_plain
+from torchboost.plaindata import check_plain, in_float_range, load_json
 from torchboost.recipe.config import Config
 from torchboost.recipe.race import Lane, Racer, budget_racers, variant_racer
 from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_report import fmt_target, is_thor, reach_key, stop_note, summarize
+from torchboost.recipe.race_report import STOP_NOTES, fmt_target, is_thor, reach_key, stop_note, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -53,11 +52,9 @@ def read_race(path: Path) -> dict:
     if len(raw) > MAX_RACE_FILE:
         raise ConfigError(f"{path} is {len(raw)} bytes, larger than any race result", "give the race.json a race wrote")
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = load_json(raw)
+    except ValueError as e:  # not JSON, or nested past the parser's stack: no race writes that
         raise ConfigError(f"{path} is not a race result (not JSON: {e})", "give the race.json a race wrote") from None
-    except RecursionError:  # nesting deeper than the parser's stack: no race writes that
-        raise ConfigError(f"{path} is not a race result (nested too deep)", "give the race.json a race wrote") from None
     check_plain(data, str(path))
     if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in
                                              (("settings", dict), ("summary", dict), ("runs", list))):
@@ -71,7 +68,14 @@ def read_race(path: Path) -> dict:
 SETTINGS_SCHEMA = {"seeds": (int, 1, 100), "first_seed": (int, 0, 2**31 - 1), "epochs": (int, 1, 100_000),
                    "holdout": (int, 0, 10**9), "evals_per_epoch": (int, 1, 100), "batch_size": (int, 1, 2**31 - 1),
                    "threads": (int, 0, 1024)}
+# the other settings a race writes, each None or of its kind: text (at most MAX_TEXT characters), a number
+# (finite, 0 to 2^53), a flag; lists and mappings are checked below. A key no race writes is refused.
+SETTINGS_KINDS = {**dict.fromkeys(("recipe", "evaluated_on", "torch", "cpu_flags", "device", "frozen", "ledger"), str),
+                  **dict.fromkeys(("time_budget_s", "updates_per_epoch", "evaluation_images", "finalists"), float),
+                  "full_budget": bool, "overrides": list, "pooled": list, "targets": list, "fixed_targets": dict}
+MAX_TEXT = 4096
 MAX_RUNS, MAX_EVALUATIONS, MAX_NAME = 10_000, 100_000, 200
+STOPPED = ("", "epoch budget", *STOP_NOTES)  # why a run ended (race.py's Lane.stopped): a forged one forges a note
 
 
 def check_race_schema(data: dict, source: str) -> None:
@@ -85,6 +89,19 @@ def check_race_schema(data: dict, source: str) -> None:
         value = settings.get(key)
         if value is not None and not (type(value) is kind and low <= value <= high):
             raise bad(f"settings.{key} is not a whole number from {low} to {high}")
+    for key, value in settings.items():
+        kind = SETTINGS_SCHEMA[key][0] if key in SETTINGS_SCHEMA else SETTINGS_KINDS.get(key)
+        if kind is None:
+            raise bad(f"settings.{printable(key[:40])} is not a setting a race writes")
+        if value is None or key in SETTINGS_SCHEMA:
+            continue
+        if not (type(value) is kind if kind is not float else type(value) in (int, float)):
+            raise bad(f"settings.{key} is not {'a number' if kind is float else kind.__name__}")
+        if kind is str and len(value) > MAX_TEXT or kind is float and not (in_float_range(value) and 0 <= value <= 2**53):
+            raise bad(f"settings.{key} is {'longer than any a race writes' if kind is str else 'out of range'}")
+    for key in ("overrides", "pooled"):
+        if not all(isinstance(o, str) and len(o) <= MAX_TEXT for o in settings.get(key) or []):
+            raise bad(f"settings.{key} is not a list of texts")
     fixed = settings.get("fixed_targets")
     if fixed is not None and not isinstance(fixed, dict):
         raise bad("settings.fixed_targets is not a mapping")
@@ -104,6 +121,11 @@ def check_race_schema(data: dict, source: str) -> None:
         seed = r.get("seed")
         if not (type(seed) is int and 0 <= seed < 2**31):
             raise bad("a run's seed is not a whole number from 0 to 2^31 - 1")
+        lr = r.get("lr")
+        if not (type(lr) in (int, float) and in_float_range(lr) and lr > 0):
+            raise bad("a run's lr is not a finite number > 0")
+        if r.get("stopped", "") not in STOPPED:
+            raise bad(f"a run's stopped is not one of {', '.join(repr(s) for s in STOPPED[1:])}")
         for h in history:
             if not (isinstance(h, dict) and all(type(h.get(k)) in (int, float) and math.isfinite(h[k]) and h[k] >= 0
                                                 for k in ("epoch", "seconds", "val_top_1_accuracy"))

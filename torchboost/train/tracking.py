@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from torchboost.errors import OutputError, TorchboostError, printable
-from torchboost.fileio import check_inside, make_dirs, within
+from torchboost.fileio import check_inside, check_regular, make_dirs, within
 from torchboost.train.history import epoch_row
 from torchboost.train.state import Callback, TrainState
 
@@ -82,6 +82,8 @@ def local_store(folder: str | os.PathLike) -> tuple[str, str]:
     if "?" in str(root):  # a URI's query would start there: SQLAlchemy would open another file
         raise OutputError(f"the MLflow store {root} has a '?' in its path, which an SQLite URI cannot hold",
                           "choose another --output, or set train.mlflow.tracking_uri")
+    if os.path.lexists(root / "mlflow.db"):  # a FIFO there held SQLite for minutes of retries and warnings
+        check_regular(root / "mlflow.db", OutputError)
     return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
 
 
