@@ -17,11 +17,13 @@ model is refused unless
   (`check_signature`; the array each run gives is checked again where it is used, `onnxrun`).
 
 The allow-list, `ALLOWED_OPS`: what torch's exporter (`deploy/export.py`, its default `optimize=True`) emits for
-every network of the zoo (`ZOO_OPS`, listed by exporting each; BatchNorm is folded into Conv), what the same
-networks give unoptimised or from the older TorchScript exporter (`EXPORTER_OPS`), and a few elementwise and
-shape ops common in image classifiers (`COMMON_OPS`). None of them loops or reads anything but its inputs.
-What one of them can still ask for (a Pad or a broadcast that makes gigabytes from a few numbers) is bounded
-where the graph runs, in a child process with a memory cap and a deadline (`onnxproc`).
+every network of the zoo at input sizes whose feature maps end at 1×1 and larger (`ZOO_OPS`, listed by exporting
+each, and checked so by tests/test_zoo_generator.py; BatchNorm is folded into Conv; ConvNeXt's pooling of a map
+larger than 1×1 reads the batch size through Shape, Range and Gather), what the same networks give unoptimised or
+from the older TorchScript exporter (`EXPORTER_OPS`), and a few elementwise and shape ops common in image
+classifiers (`COMMON_OPS`). None of them loops or reads anything but its inputs. What one of them can still ask
+for (a Pad, a Range or a broadcast that makes gigabytes from a few numbers) is bounded where the graph runs, in a
+child process with a memory cap and a deadline (`onnxproc`).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from typing import Any
 
 from torchboost.errors import CheckpointError
 
-ZOO_OPS = frozenset({"Add", "Conv", "Gelu", "Gemm", "HardSigmoid", "HardSwish", "LayerNormalization", "MatMul",
-                     "MaxPool", "Mul", "Pad", "ReduceMean", "Relu", "Reshape", "Sigmoid", "Slice", "Transpose"})
+ZOO_OPS = frozenset({"Add", "Conv", "Gather", "Gelu", "Gemm", "HardSigmoid", "HardSwish", "LayerNormalization",
+                     "MatMul", "MaxPool", "Mul", "Pad", "Range", "ReduceMean", "Relu", "Reshape", "Shape", "Sigmoid",
+                     "Slice", "Squeeze", "Transpose", "Unsqueeze"})
 EXPORTER_OPS = frozenset({"AveragePool", "BatchNormalization", "Constant", "Flatten", "GlobalAveragePool",
-                          "Identity", "Squeeze", "Unsqueeze"})
+                          "Identity"})
 COMMON_OPS = frozenset({"Clip", "Concat", "Div", "Erf", "GlobalMaxPool", "LeakyRelu", "Softmax", "Sqrt", "Sub",
                         "Tanh"})
 ALLOWED_OPS = ZOO_OPS | EXPORTER_OPS | COMMON_OPS

@@ -20,7 +20,9 @@ ARCHS = {"regnet_y_400mf": (16, 48, 27.89, 2.09, 8, 0.25), "regnet_x_400mf": (22
 def stage_params(depth: int, w_0: int, w_a: float, w_m: float, group: int) -> list[tuple[int, int, int]]:
     """(width, blocks, group width) per stage: block widths w_0 · w_m^round(log(…)/log w_m) quantized to 8,
     runs of equal width made stages, widths made divisible by their group width (torchvision's rule)."""
-    cont = torch.arange(depth) * w_a + w_0  # float32, as torchvision computes it (rounding edges included)
+    # float32, as torchvision computes it (rounding edges included); on the CPU whatever the default device, so
+    # a shape-only build (`training_bytes`, on the meta device) gets concrete widths
+    cont = torch.arange(depth, device="cpu") * w_a + w_0
     capacity = torch.round(torch.log(cont / w_0) / math.log(w_m))
     widths = (torch.round(torch.divide(w_0 * torch.pow(w_m, capacity), 8)) * 8).int().tolist()
     stages: list[list[int]] = []

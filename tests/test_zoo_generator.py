@@ -1,0 +1,136 @@
+"""One generator over the zoo: every network `create_model` knows — those timm's layouts share starting from a
+timm-named weights file — trains through the CLI for an epoch on a small generated image folder, evaluates,
+exports to every format, and each export gives the checkpoint's predictions. So a network cannot land again
+that crashes in `train` (the memory probe builds each on the meta device) or whose .onnx `predict` refuses.
+
+Sizes: 3 classes of 40 px RGB images, 4 each, batch 4, one thread: the network's layers and the tool's paths are
+what is checked, not learning (tests/test_zoo_defaults.py measures that). The seconds each network takes (CPU
+time of this process) are printed; `pytest -s` shows them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+
+from test_timm_names import timm_state
+from torchboost.cli import main
+from torchboost.data import read_image
+from torchboost.deploy.metadata import META_FILE, DeployInfo
+from torchboost.deploy.onnxcheck import ZOO_OPS, check_graph
+from torchboost.migrate.timm_names import TIMM_LAYOUTS
+from torchboost.models import create_model, list_models, training_bytes
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.filterwarnings("ignore:`torch.jit.(load|save)` is deprecated:DeprecationWarning")]
+SIZE, PER_CLASS = 40, 4
+COLOURS = ((220, 40, 40), (40, 200, 40), (40, 40, 220))
+QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
+FORMATS = ("m.onnx", "m.pt2", "m.ts")
+TOL = 1e-4  # probabilities: the exports run the checkpoint's network on the same preprocessed images
+
+
+def make_colours(root: Path, size: int = SIZE, n: int = PER_CLASS, noise: float = 25.0) -> Path:
+    """train/ and val/ of RGB images, one colour per class with pixel noise."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for k, colour in enumerate(COLOURS):
+            (root / split / f"c{k}").mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                pixels = np.clip(rng.normal(colour, noise, (size, size, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels, "RGB").save(root / split / f"c{k}" / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return make_colours(tmp_path_factory.mktemp("zoo") / "data")
+
+
+def _probabilities(capsys, argv: list[str]) -> dict[str, list[float]]:
+    """`predict --format json` of every class, as {file: probabilities in class order}."""
+    capsys.readouterr()
+    assert main(["predict", *argv, "--topk", str(len(COLOURS)), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    return {row["file"]: [p for _, p in sorted((t["class"], t["probability"]) for t in row["top"])] for row in rows}
+
+
+def _archive_probabilities(path: Path, files: list[str]) -> dict[str, list[float]]:
+    """What a deployer's code gets from a .pt2 or .ts archive (predict refuses them: loading runs their code),
+    preprocessed as the archive records."""
+    extra = {META_FILE: ""}
+    if path.suffix == ".ts":
+        net = torch.jit.load(str(path), _extra_files=extra)
+    else:
+        net = torch.export.load(path, extra_files=extra).module()
+    info = DeployInfo.from_props(json.loads(extra[META_FILE]), str(path))
+    with torch.no_grad():
+        probs = net(torch.stack([read_image(f, info.transform()) for f in files])).softmax(dim=1)
+    order = sorted(range(len(info.classes)), key=lambda i: info.classes[i])
+    return {f: [float(p[i]) for i in order] for f, p in zip(files, probs)}
+
+
+def _agree(got: dict[str, list[float]], want: dict[str, list[float]], what: str) -> None:
+    assert got.keys() == want.keys(), what
+    worst = max(abs(a - b) for f in want for a, b in zip(got[f], want[f]))
+    assert worst <= TOL, f"{what}: probabilities differ by {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list_models())
+def test_every_zoo_model_trains_evaluates_exports_and_predicts_the_same(name, folder, tmp_path, capsys):
+    start = time.process_time()
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(folder), "--set", f"model.name={name}", "--epochs", "1", "-b", "4", "-o", str(out),
+            *QUIET]
+    if name in TIMM_LAYOUTS:  # timm's weights for it: renamed on load, a fresh 3-class head
+        torch.save(timm_state(name), tmp_path / "timm.pth")
+        argv += ["--set", f"train.init_weights={tmp_path / 'timm.pth'}"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "final: top-1 " in capsys.readouterr().out
+    ckpt = str(out / "ckpt" / f"{name}-best.pt")
+    assert main(["eval", "--checkpoint", ckpt, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == len(COLOURS) * PER_CLASS
+    want = _probabilities(capsys, ["--checkpoint", ckpt, str(folder / "val")])
+    for export in FORMATS:
+        assert main(["export", ckpt, str(tmp_path / export)]) == 0, capsys.readouterr().err
+    ops = {node.op_type for node in onnx.load(tmp_path / "m.onnx").graph.node}
+    assert ops <= ZOO_OPS, f"{name} exports to ops off the zoo's list: {sorted(ops - ZOO_OPS)}"
+    _agree(_probabilities(capsys, ["--checkpoint", str(tmp_path / "m.onnx"), str(folder / "val")]), want, "onnx")
+    for archive in FORMATS[1:]:
+        _agree(_archive_probabilities(tmp_path / archive, sorted(want)), want, archive)
+    print(f"{name}: {time.process_time() - start:.1f} s CPU")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list_models())
+def test_the_onnx_allow_list_holds_every_op_the_zoo_exports_to(name):
+    """`onnxcheck.ZOO_OPS` is what `torchboost export` makes of each network. Which ops a graph holds depends on
+    the input size only through which feature maps come out 1×1 (pooling a 1×1 map is elided; ConvNeXt's
+    average pool of a larger map is exported through Shape, Range and Gather): the generator above exports
+    every network at 40 px (ConvNeXt's last map 1×1, the others' 2×2); here each at 100 px, odd maps larger
+    than 1×1 to the end (a ResNet's 4×4, ConvNeXt's 3×3)."""
+    from torchboost.deploy import DeployInfo, export_program, onnx_bytes
+
+    c = 1 if name == "mnist_cnn" else 3
+    net = create_model(name, 3, c, **({"image_size": 100} if name == "mnist_cnn" else {})).eval()
+    info = DeployInfo(name, ("a", "b", "c"), c, 100, 100, (0.5,) * c, (0.25,) * c, "test")
+    proto = onnx.load_model_from_string(onnx_bytes(export_program(net, info), info))
+    check_graph(proto, name)  # what `predict` checks first: ConvNeXt's was refused for its Shape op
+    ops = {node.op_type for node in proto.graph.node}
+    assert ops <= ZOO_OPS, f"{name} at 100 px exports to ops off the zoo's list: {sorted(ops - ZOO_OPS)}"
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_the_memory_probe_builds_every_zoo_model(name):
+    """`training_bytes` (a shape-only build on the meta device, before every `train`) for every network: the
+    bytes of its weights, gradients and two optimizer states."""
+    kw = {"image_size": SIZE} if name == "mnist_cnn" else {}
+    params = sum(p.numel() * p.element_size() for p in create_model(name, 3, 3, **kw).parameters())
+    assert training_bytes(name, 3, 3, **kw) == 4 * params
