@@ -21,7 +21,7 @@ from dataclasses import field
 from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 from torchboost.errors import ConfigError, suggest
-from torchboost.plaindata import check_number, shown_number
+from torchboost.plaindata import ascii_number, check_number, shown_number
 
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
            "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -111,7 +111,7 @@ def check_type(value: Any, tp: Any, where: str) -> Any:
         return float(value)
     if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; users write it
         try:
-            number = float(value)
+            number = ascii_number(value)  # '٠.١' is refused here as train.epochs=٣ is (YAML reads neither)
         except ValueError:
             pass
         else:

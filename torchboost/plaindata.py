@@ -76,6 +76,15 @@ def json_int(text: str) -> int | float:
     return OutOfRange(text) if len(text) > MAX_NUMBER_CHARS else int(text)
 
 
+def ascii_number(text: str, kind: type[int] | type[float] = float) -> int | float:
+    """`kind(text)` when `text` is written in ASCII: the one rule for numbers read from text (flags, `--set`,
+    recipes, lr grids, budgets). int() and float() also read other scripts' digits ('٣' is 3) and isdigit()
+    passes '²', which int() refuses: a number is written 0-9. ValueError otherwise."""
+    if not text.isascii():
+        raise ValueError(f"{text[:40]!r} is not written in ASCII digits")
+    return kind(text)
+
+
 def load_json(raw: bytes | str) -> Any:
     """JSON from an untrusted file, its integers read by `json_int` (5,000 digits: kept unparsed, never a
     ValueError deep in a caller): a ValueError with a short reason when it is not UTF-8 JSON or is nested past

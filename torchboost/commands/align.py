@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchboost.commands.args import DIAGNOSTIC_BATCH, add_recipe, add_threads, int_between
+from torchboost.commands.args import DIAGNOSTIC_BATCH, add_recipe, add_threads, int_between, whole_number
 
 NAME = "align"
 HELP = "run a few training steps on two implementations and report the first divergence"
@@ -28,7 +28,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=DIAGNOSTIC_BATCH, default=8, help="images in the one batch both sides run")
     p.add_argument("--batch", choices=["random", "data"], default="random", help="seeded noise or real images")
     p.add_argument("--report", metavar="OUT.json", help="write the JSON report")
-    p.add_argument("--rows", type=int, default=40, help="table rows to print")
+    p.add_argument("--rows", type=whole_number, default=40, help="table rows to print")
     p.add_argument("--failures-only", action="store_true", help="print only the rows that fail the tolerance")
     add_threads(p)
 

@@ -7,6 +7,8 @@ import argparse
 import math
 from typing import Callable, Optional
 
+from torchboost.plaindata import ascii_number
+
 DEFAULT_RECIPE = "mnist-lenet"
 
 
@@ -44,20 +46,30 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} — see `{self.prog} --help`\n")
 
 
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text):,} characters)"  # one short line
+
+
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number in ASCII digits (`plaindata.ascii_number`: '٣' is refused as
+    `--set train.epochs=٣` is); its range is the config key's to check."""
+    try:
+        return int(ascii_number(text, int))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number") from None
+
+
+whole_number.__name__ = "int"  # argparse names the type in its messages
+
+
 def int_between(low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in [low, high] (an upper bound keeps a typo from exhausting memory)."""
     def parse(text: str) -> int:
-        shown = text if len(text) <= 40 else f"{text[:20]}…({len(text):,} characters)"  # one short line
-        try:
-            if not text.isascii():  # int() reads other scripts' digits ('٣' is 3): a flag takes 0-9 only
-                raise ValueError(text)
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{shown!r} is not a whole number") from None
+        value = whole_number(text)
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{shown} is not between {low} and {high}")
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not between {low} and {high}")
         return value
-    parse.__name__ = "int"  # argparse names the type in its messages
+    parse.__name__ = "int"
     return parse
 
 
@@ -66,7 +78,7 @@ positive_int = int_between(1, 2**31 - 1)
 
 def positive_float(text: str) -> float:
     try:
-        value = float(text)
+        value = float(ascii_number(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number") from None
     if not (math.isfinite(value) and value > 0):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+
+from torchboost.commands.args import whole_number
 from pathlib import Path
 
 NAME = "export-shards"
@@ -12,7 +14,7 @@ HELP = "write an image folder as WebDataset tar shards (for data.dataset=shards)
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="FOLDER", help="image folder with train/ and val/ (or test/), one sub-folder per class")
     p.add_argument("out", help="folder for OUT/{split}-000000.tar ... and the index OUT/_info.json")
-    p.add_argument("--shard-size", type=int, default=1000, help="images per shard (default 1000)")
+    p.add_argument("--shard-size", type=whole_number, default=1000, help="images per shard (default 1000)")
     p.add_argument("--overwrite", action="store_true",
                     help="replace an earlier export in OUT, deleting only its own files (its index, the shards it "
                          "lists, their offsets); without it such a folder is refused. Other files in OUT are "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from torchboost.commands.args import whole_number
+
 NAME = "launch"
 HELP = ("train on several processes and machines under torchrun's agent: restarts resume by themselves, a "
         "node that never arrives ends the job after dist.timeout_s with one line")
@@ -12,11 +14,11 @@ HELP = ("train on several processes and machines under torchrun's agent: restart
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", default="1", help="machines in the job: N, or MIN:MAX for an elastic job")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="training processes on this machine")
+    p.add_argument("--nproc-per-node", type=whole_number, default=1, help="training processes on this machine")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the machines meet (one of them, the same "
                                                                  "on all); unset: this machine alone")
     p.add_argument("--rdzv-id", default="torchboost", help="the job's name at the endpoint (the same on all)")
-    p.add_argument("--max-restarts", type=int, default=0, help="restart the processes this many times after a "
+    p.add_argument("--max-restarts", type=whole_number, default=0, help="restart the processes this many times after a "
                                                                 "failure; each restart resumes from the newest checkpoint")
     p.add_argument("train", nargs=argparse.REMAINDER, help="train and its arguments, as for torchboost train "
                                                             "(--resume auto is added unless --resume/--overwrite is given)")

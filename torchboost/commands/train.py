@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from torchboost.commands.args import DEFAULT_RECIPE, int_between, positive_float
+from torchboost.commands.args import DEFAULT_RECIPE, int_between, positive_float, whole_number
 
 NAME = "train"
 HELP = "train from a recipe (default: mnist-lenet on built-in MNIST)"
@@ -21,11 +21,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", "-s", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--data", help="data folder/file (sets data.path; with a built-in data set, trains on the "
                                    "image folder instead)")
-    p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
+    p.add_argument("--epochs", type=whole_number, help="shortcut for --set train.epochs=N")
     p.add_argument("--lr", type=positive_float, help="shortcut for --set optim.lr=X")
     p.add_argument("--threads", type=int_between(1, 1024), help="torch's CPU threads (shortcut for --set "
                                                                   "train.threads=N; recorded in config.yaml)")
-    p.add_argument("--batch-size", "-b", type=int, help="shortcut for --set data.batch_size=N (per process)")
+    p.add_argument("--batch-size", "-b", type=whole_number, help="shortcut for --set data.batch_size=N (per process)")
     p.add_argument("--output", "-o", help="output folder (default: runs/<recipe name>)")
     p.add_argument("--resume", metavar="CHECKPOINT|RUN_FOLDER|last|auto",
                    help="continue a run in its own folder with its recorded config (+ --set): a checkpoint, a run "

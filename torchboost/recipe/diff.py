@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from torchboost.errors import CheckpointError
+from torchboost.errors import CheckpointError, printable
 from torchboost.recipe.config import build_config, find_recipe, read_yaml
 
 ABSENT = "(absent)"
@@ -66,11 +66,14 @@ class ConfigDiff:
 
     def table(self, all_keys: bool = False) -> str:
         rows = self.rows if all_keys else self.differences
+        a_name, b_name = printable(self.a_name), printable(self.b_name)
         if not rows:
-            return f"{self.a_name} and {self.b_name} resolve to the same config"
-        body = [(k, _fmt(a), _fmt(b), "" if a == b else "*") for k, a, b in rows]
-        w = [max(len(r[i]) for r in [("key", self.a_name, self.b_name, ""), *body]) for i in range(3)]
-        lines = [f"{'key':<{w[0]}}  {self.a_name:<{w[1]}}  {self.b_name}"]
+            return f"{a_name} and {b_name} resolve to the same config"
+        # values as JSON (every control character an escape); keys printable: a saved config's free-form keys
+        # (optim.weight_decay_groups' patterns) are data
+        body = [(printable(k), _fmt(a), _fmt(b), "" if a == b else "*") for k, a, b in rows]
+        w = [max(len(r[i]) for r in [("key", a_name, b_name, ""), *body]) for i in range(3)]
+        lines = [f"{'key':<{w[0]}}  {a_name:<{w[1]}}  {b_name}"]
         lines += [f"{k:<{w[0]}}  {a:<{w[1]}}  {b:<{w[2]}}  {m}".rstrip() for k, a, b, m in body]
         return "\n".join(lines + [f"{len(self.differences)} of {len(self.rows)} keys differ"])
 

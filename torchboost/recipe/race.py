@@ -36,6 +36,7 @@ from torchboost.recipe.config import Config, merge, parse_override
 from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race_trace import layer_trace, traced_weights
+from torchboost.plaindata import ascii_number
 from torchboost.recipe.racer_name import parse_racer
 from torchboost.recipe.resolve import fit_batch
 from torchboost.recipe.validation import validate
@@ -163,7 +164,7 @@ def parse_lr_grids(items: Iterable[str]) -> dict[str, tuple[float, ...]]:
     for item in items:
         name, _, values = item.rpartition("=")
         try:
-            lrs = tuple(float(v) for v in values.split(","))
+            lrs = tuple(float(ascii_number(v)) for v in values.split(","))
         except ValueError:
             raise ConfigError(f"bad lr grid '{item}'", "write NAME=LR[,LR...], e.g. sgd=0.01,0.02,0.05") from None
         if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
@@ -180,7 +181,8 @@ def parse_budgets(items: Iterable[str]) -> dict[str, tuple[int, ...]]:
     for item in items:
         name, _, values = item.rpartition("=")
         parts = values.split(",")
-        if not name.strip() or not all(p.strip().isdigit() and 1 <= int(p) <= 100_000 for p in parts):
+        if not name.strip() or not all(p.strip().isascii() and p.strip().isdigit() and 1 <= int(p) <= 100_000
+                                       for p in parts):  # isdigit() passes '²', which int() refuses
             raise ConfigError(f"bad epoch budget '{item[:60]}' (whole numbers of epochs from 1 to 100000)", fix)
         budgets[name.strip()] = tuple(dict.fromkeys(budgets.get(name.strip(), ()) + tuple(int(p) for p in parts)))
     return budgets

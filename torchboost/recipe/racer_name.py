@@ -29,7 +29,7 @@ def parse_racer(name: str) -> RacerName:
     one ConfigError naming it."""
     fix = "write NAME, NAME[KEY=VALUE,...] or either @EPOCHS, e.g. thor[graft=muon_step]@8"
     spec, at, budget = name.partition("@")
-    if at and not (budget.isdigit() and 1 <= int(budget) <= MAX_BUDGET):
+    if at and not (budget.isascii() and budget.isdigit() and 1 <= int(budget) <= MAX_BUDGET):  # not '²' or '٣'
         raise ConfigError(f"racer {name[:80]!r}: the budget after @ is not a whole number of epochs from 1 to "
                           f"{MAX_BUDGET}", fix)
     base, bracket, inner = spec.partition("[")
