@@ -18,8 +18,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the machines meet (one of them, the same "
                                                                  "on all); unset: this machine alone")
     p.add_argument("--rdzv-id", default="torchboost", help="the job's name at the endpoint (the same on all)")
-    p.add_argument("--max-restarts", type=whole_number, default=0, help="restart the processes this many times after a "
-                                                                "failure; each restart resumes from the newest checkpoint")
+    p.add_argument("--max-restarts", type=whole_number, default=0,
+                   help="restart the processes this many times after a failure; each restart resumes from the newest "
+                        "checkpoint")
     p.add_argument("train", nargs=argparse.REMAINDER, help="train and its arguments, as for torchboost train "
                                                             "(--resume auto is added unless --resume/--overwrite is given)")
 
