@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchboost.commands.args import DIAGNOSTIC_BATCH, add_recipe, add_threads, int_between, whole_number
+from torchboost.errors import printable
 
 NAME = "align"
 HELP = "run a few training steps on two implementations and report the first divergence"
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         reference_overrides=args.reference_set or [], batch_size=args.batch_size, batch_source=args.batch,
         single_step=args.single_step, name_map=args.name_map, steps=args.steps)
     if args.dump_ours:
-        print(f"wrote our {args.steps} training step(s)' tensors to {result}")
+        print(f"wrote our {args.steps} training step(s)' tensors to {printable(result)}")
         return 0
     print(result.table(limit=args.rows, failures_only=args.failures_only))  # ends with the verdict line
     if args.report:

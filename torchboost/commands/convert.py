@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from torchboost.commands.args import positive_int
+from torchboost.errors import printable
 
 NAME = "convert"
 HELP = ("convert weights between MindSpore .ckpt, PaddlePaddle .pdparams, torch .pt/.pth and .safetensors; "
@@ -32,5 +33,5 @@ def run(args: argparse.Namespace) -> int:
                      drop_background=args.drop_background, convert_moments=args.moments, strict=not args.no_strict,
                      add_background=args.add_background)
     print(report.summary())
-    print(f"wrote {args.output}")
+    print(f"wrote {printable(args.output)}")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from torchboost.errors import printable
+
 NAME = "export-folder"
 HELP = "write a built-in data set as an ImageNet-style image folder"
 
@@ -29,5 +31,5 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise OutputError(f"--out {args.out} is a file, not a folder", "choose a folder path")
     out = export_folder(args.dataset, args.out)
-    print(f"wrote {args.dataset} as an image folder under {out}")
+    print(f"wrote {args.dataset} as an image folder under {printable(out)}")
     return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from torchboost.commands.args import whole_number
-from pathlib import Path
+from torchboost.errors import printable
 
 NAME = "export-shards"
 HELP = "write an image folder as WebDataset tar shards (for data.dataset=shards)"
@@ -30,6 +31,6 @@ def run(args: argparse.Namespace) -> int:
     index = export_shards(args.source, args.out, args.shard_size, overwrite=args.overwrite)
     for name, split in index.splits.items():
         print(f"{name}: {sum(split.lengths)} images, {len(split.classes)} classes in {len(split.filenames)} shard(s)")
-    print(f"wrote shards and their index to {args.out}; train on them with "
-          f"--set data.dataset=shards --set data.path={args.out}")
+    print(f"wrote shards and their index to {printable(args.out)}; train on them with "
+          f"--set data.dataset=shards --set data.path={printable(args.out)}")
     return 0

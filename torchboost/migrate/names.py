@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from torchboost.errors import CheckpointError, ConfigError
+from torchboost.errors import CheckpointError, ConfigError, printable
 from torchboost.models import create_model
 from torchboost.models.resnet import ARCHS, Bottleneck
 
@@ -68,7 +68,7 @@ class MappingReport:
 
     def summary(self) -> str:
         def few(names: list) -> str:
-            return ", ".join(map(str, names[:5])) + (f", ... (+{len(names) - 5})" if len(names) > 5 else "")
+            return ", ".join(map(printable, names[:5])) + (f", ... (+{len(names) - 5})" if len(names) > 5 else "")
         lines = [f"{self.arch}: mapped {len(self.mapped)} tensors"]
         for label, items in (("filled with 0", self.filled), ("skipped", self.skipped),
                              ("UNMAPPED", self.unmapped), ("MISSING", self.missing),
