@@ -129,7 +129,7 @@ def main() -> None:
     load_builtin("mnist5k", "train")  # parse the CSV once; forked ranks inherit the cache
     start = time.perf_counter()
     res = launch(worker, WORLD, grid, epochs, args.batch, 5 if args.quick else 20,
-                 timeout_s=3600, start_method="fork")[0]
+                 timeout_s=3600)[0]
     wall = time.perf_counter() - start
 
     gbatch = WORLD * args.batch

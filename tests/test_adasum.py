@@ -113,7 +113,7 @@ def _worker(world: int) -> dict:
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"{w}ranks")
 def run(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
     world = request.param
-    return world, launch(_worker, world, world, timeout_s=180, start_method="fork")
+    return world, launch(_worker, world, world, timeout_s=180)
 
 
 def _assert_same_everywhere(outs: list[list[torch.Tensor]]) -> None:

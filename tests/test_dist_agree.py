@@ -23,16 +23,16 @@ def _agree_worker(mismatch: bool, catch: bool) -> str:
 
 @pytest.mark.dist
 def test_ranks_that_disagree_all_raise_with_the_key_names():
-    results = launch(_agree_worker, 2, True, True, timeout_s=120, start_method="fork")
+    results = launch(_agree_worker, 2, True, True, timeout_s=120)
     assert results[0] == results[1]  # every rank raised, with the same message
     assert results[0].startswith("ranks disagree on data.batch_size, model.num_classes (ranks [1] differ from rank 0)")
-    assert launch(_agree_worker, 2, False, True, timeout_s=120, start_method="fork") == ["agreed", "agreed"]
+    assert launch(_agree_worker, 2, False, True, timeout_s=120) == ["agreed", "agreed"]
 
 
 @pytest.mark.dist
 def test_no_rank_goes_on_when_another_disagrees():
     with pytest.raises(DistributedError) as info:
-        launch(_agree_worker, 2, True, False, timeout_s=120, start_method="fork")
+        launch(_agree_worker, 2, True, False, timeout_s=120)
     for rank in (0, 1):  # both failed with the error itself (none exited 0, none was killed or aborted)
         assert f"rank {rank}: torchboost.errors.DistributedError: ranks disagree on data.batch_size" in str(info.value)
 

@@ -44,7 +44,7 @@ def _worker() -> dict:
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    return launch(_worker, WORLD, timeout_s=120, start_method="fork")
+    return launch(_worker, WORLD, timeout_s=120)
 
 
 def test_train_shards_are_disjoint_equal_and_reshuffled(ranks: list[dict]) -> None:

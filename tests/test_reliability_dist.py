@@ -42,7 +42,7 @@ def test_ranks_that_disagree_stop_together_naming_the_keys(tmp_path: Path, overr
     out = tmp_path / "run"
     # together, within 120 s: no rank waits for a collective until a timeout (launch kills both past it and
     # raises DistributedError, so a hang fails here rather than after it ends)
-    results = launch(_rank_with_its_own_overrides, 2, str(out), overrides, timeout_s=120, start_method="fork")
+    results = launch(_rank_with_its_own_overrides, 2, str(out), overrides, timeout_s=120)
     for rank, res in enumerate(results):
         assert res["error"] == "DistributedError", (rank, res)
         msg = res["message"]
@@ -58,7 +58,7 @@ def test_ranks_that_disagree_stop_together_naming_the_keys(tmp_path: Path, overr
 def test_ranks_that_agree_train(tmp_path: Path):
     out = tmp_path / "run"
     results = launch(_rank_with_its_own_overrides, 2, str(out), [["data.batch_size=64"], ["data.batch_size=64"]],
-                     timeout_s=180, start_method="fork")
+                     timeout_s=180)
     assert [r["error"] for r in results] == ["", ""], results
     # 1437 images / 2 ranks = 718 each, 11 full batches of 64; the worklogs did not make the folder look taken
     assert sorted(p.name for p in (out / "ckpt").iterdir()) == ["mnist_cnn-1_11.pt", "mnist_cnn-best.pt"]

@@ -423,7 +423,7 @@ def test_two_gloo_processes_take_equal_steps_on_uneven_shards_and_evaluate_every
 
     lengths = [5, 7, 6, 9, 4]  # uneven: 2 shards per process, the 2 smallest (4 + 5) = 9 samples each
     write_shards(tmp_path, lengths)
-    ranks = launch(_rank, 2, str(tmp_path), timeout_s=120, start_method="fork")
+    ranks = launch(_rank, 2, str(tmp_path), timeout_s=120)
     assert [r["steps"] for r in ranks] == [4, 4]  # 9 // 2 whole batches on both
     assert len(set(ranks[0]["train"] + ranks[1]["train"])) == 16  # disjoint
     assert sorted(ranks[0]["eval"] + ranks[1]["eval"]) == list(range(sum(lengths)))

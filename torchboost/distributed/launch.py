@@ -23,12 +23,17 @@ import io
 import os
 import queue
 import random
+import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,12 +72,14 @@ def free_port() -> int:
                            "free some ports, or give MASTER_PORT yourself")
 
 
-def _child(fn: Callable[..., Any], rank: int, nprocs: int, port: int, args: tuple, results: Any) -> None:
+def _child(fn: Callable[..., Any], rank: int, nprocs: int, port: int, args: tuple, results: Any,
+           stacks: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs),
                       TORCHELASTIC_USE_AGENT_STORE=str(True))  # the parent hosts the store
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N ranks must not oversubscribe cores
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks a straggler where it hangs
+    # the parent asks a straggler where it hangs (SIGUSR1); the file stays open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=open(stacks, "w"), all_threads=True)  # noqa: SIM115
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     try:
         out = fn(*args)
@@ -87,6 +94,21 @@ def _child(fn: Callable[..., Any], rank: int, nprocs: int, port: int, args: tupl
         shutdown(timeout_s=10)
 
 
+def _where(stacks: Path, rank: int) -> str:
+    """Where a stopped rank was: its stacks printed to stderr, and its innermost Python frame in words."""
+    try:
+        text = stacks.read_text(errors="replace")
+    except OSError:
+        return "stopped before it could say where"
+    if text.strip():
+        print(f"[rank {rank}] stopped; its Python stacks:\n{text}", file=sys.stderr, flush=True)
+    current = text.split("Current thread", 1)[-1].splitlines()[1:2]  # the signalled (main) thread, innermost
+    frame = re.match(r'\s*File "(.*)", line (\d+) in (\S+)', current[0]) if current else None
+    if frame is None:
+        return "in no Python frame it could name"
+    return f"in {frame[3]} ({Path(frame[1]).name}:{frame[2]})"
+
+
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 300,
            start_method: str = "forkserver") -> list[Any]:
     """Run `fn(*args)` on `nprocs` fresh local processes; returns the per-rank results in rank order.
@@ -95,8 +117,9 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
     whole run exceeds `timeout_s` (stragglers are killed, so a hang never blocks the caller).
     start_method "forkserver" (default): one server imports torch once and forks every child from it,
     so only the first launch pays the imports; children never inherit the caller's threads.
-    "fork" starts instantly (the caller's imports are inherited; tests and benchmarks use it) and is
-    safe as long as the caller holds no process group, which is checked.
+    "fork" starts instantly (the caller's imports are inherited) and is safe only from a caller with one
+    thread and no process group, which is checked: a child forked while another thread holds a lock (an I/O
+    buffer's, a logger's, pytest-xdist's channel) waits for it forever.
     """
     ctx = mp.get_context(start_method)
     # torch._dynamo is what the first optimizer construction imports lazily (~800 modules, seconds):
@@ -108,21 +131,27 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, timeout_s: float = 3
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             raise DistributedError("launch(start_method='fork') from a process already in a process group",
                                    "use start_method='forkserver', or launch before init_distributed")
+        if threading.active_count() > 1:
+            raise DistributedError(f"launch(start_method='fork') from a process running {threading.active_count()} "
+                                   "threads: a forked child can wait forever on a lock another thread held",
+                                   "use start_method='forkserver' (the default)")
         for name in preload:
             importlib.import_module(name)
     results = ctx.Queue()
     store = torch.distributed.TCPStore("127.0.0.1", 0, nprocs, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=timeout_s))
+    stacks = tempfile.mkdtemp(prefix="torchboost-launch-")
     try:
-        return _run(ctx, store.port, fn, nprocs, args, results, timeout_s)
+        return _run(ctx, store.port, fn, nprocs, args, results, timeout_s, Path(stacks))
     finally:
         del store  # closes the port: every child has ended by now
+        shutil.rmtree(stacks, ignore_errors=True)
 
 
 def _run(ctx: Any, port: int, fn: Callable[..., Any], nprocs: int, args: tuple, results: Any,
-         timeout_s: float) -> list[Any]:
-    procs = [ctx.Process(target=_child, args=(fn, r, nprocs, port, args, results), daemon=False)
-             for r in range(nprocs)]
+         timeout_s: float, stacks: Path) -> list[Any]:
+    procs = [ctx.Process(target=_child, args=(fn, r, nprocs, port, args, results, str(stacks / f"rank{r}")),
+                         daemon=False) for r in range(nprocs)]
     for p in procs:
         p.start()
     outs: dict[int, Any] = {}
@@ -147,20 +176,23 @@ def _run(ctx: Any, port: int, fn: Callable[..., Any], nprocs: int, args: tuple, 
             deadline = min(deadline, time.monotonic() + _GRACE_S)
     for p in procs:
         p.join(timeout=max(1.0, deadline - time.monotonic()))
-    stuck = [p for p in procs if p.is_alive()]
-    for p in stuck:  # each prints its threads' Python stacks to stderr (registered in _child)
+    stuck = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in stuck:  # each writes its threads' Python stacks (registered in _child)
         with contextlib.suppress(OSError):
-            os.kill(p.pid, signal.SIGUSR1)
-    for p in stuck:
-        p.join(timeout=2.0)  # time to write the stacks; the rank itself goes on hanging
-        p.kill()
-        p.join()
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    where = {}
+    for r in stuck:
+        procs[r].join(timeout=2.0)  # time to write the stacks; the rank itself goes on hanging
+        procs[r].kill()
+        procs[r].join()
+        where[r] = _where(stacks / f"rank{r}", r)
     missing = [r for r in range(nprocs) if r not in outs and r not in errors]
     if errors or missing:
         detail = "; ".join(f"rank {r}: {msg.strip().splitlines()[-1]}" for r, msg in sorted(errors.items()))
         if missing:
             detail += f"; ranks {missing} were stopped, still running " + (
                 f"{_GRACE_S:.0f} s after the first failure" if errors else f"after {timeout_s:.0f} s")
+            detail += "".join(f"; rank {r} was {where[r]}" for r in missing if r in where)
         raise DistributedError(f"launch of {nprocs} processes failed: {detail}",
                                "each failing rank printed its full traceback to stderr, and each stopped one its "
                                "Python stacks; fix the first one")
