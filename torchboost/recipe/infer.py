@@ -197,9 +197,12 @@ def _predict_onnx(path: str, images: Sequence[str], topk: int, config: Optional[
         raise ConfigError(f"{path} is an exported model: it records its own preprocessing and classes",
                           "drop --config/--set")
     model = OnnxClassifier(path, threads=torch.get_num_threads())
-    files = image_files(images)  # after the model is checked, as for a checkpoint
-    return _top_k(path, files, model.info.transform(), lambda x: torch.from_numpy(model.logits(x.numpy())),
-                  list(model.info.classes), topk, batch_size)
+    try:
+        files = image_files(images)  # after the model is checked, as for a checkpoint
+        return _top_k(path, files, model.info.transform(), lambda x: torch.from_numpy(model.logits(x.numpy())),
+                      list(model.info.classes), topk, batch_size)
+    finally:
+        model.close()  # its process and private folder gone before the command returns
 
 
 def _top_k(model: str, files: list[str], transform, logits, classes: list[str], topk: int,
