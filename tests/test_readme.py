@@ -27,6 +27,9 @@ NOT_RUN = {
     "mnist.pt": "follows from mnist.pdparams (above)",
     "my.yaml": "a placeholder for the user's own recipe and reference model",
     "dump_from_mindspore": "needs a dump written by another framework",
+    "lr-find --optimizers sgd adamw muon": "the same sweep as docs/guide/around-training.md's: tests/test_lr_find.py "
+                                           "runs it once and checks its figures (one run of the suite's costliest "
+                                           "sweep, not two)",
 }
 
 
