@@ -232,6 +232,9 @@ class TrainConfig:
                                      "(history.jsonl, .csv and .png), mlflow (see train.mlflow.*; needs pip install "
                                      "'torchboost[tracking]')")
     eval_every: int = option(1, ge=1, help="epochs between evaluations")
+    precise_bn: int = option(0, ge=0, help="before each epoch's evaluation and checkpoint, recompute BatchNorm's "
+                                           "running statistics at the current weights from this many training "
+                                           "batches (0: the running averages; a short run's trail its weights)")
     monitor: str = option("val_top_1_accuracy", choices=("val_top_1_accuracy", "val_top_5_accuracy", "val_loss"),
                           help="the metric that picks the best checkpoint and drives early stopping")
     early_stopping_patience: Optional[int] = option(None, ge=1, help="stop after this many evaluations without "

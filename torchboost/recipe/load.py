@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 from torchboost.recipe.config import Config, build_config, find_recipe, merge, parse_override, read_yaml
 from torchboost.recipe.data import load_data, model_for_data
 from torchboost.recipe.kinds import FOLDER, get_kind
+from torchboost.recipe.model_defaults import folder_defaults
 from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validation import validate, validated
 
@@ -28,7 +29,8 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     recipe's data set is built in and reads no path also data.dataset=folder, "this image folder instead";
     the overrides including those, for applying to a run's saved config; the note saying so, or None).
     With `choose_model` (the user named no recipe) and no model.name override, the model is chosen from a
-    sample of the images (`model_for_data`) and the note says which and why. Keys and types are checked,
+    sample of the images (`model_for_data`) and the note says which and why; with `choose_model`, the model's
+    folder defaults (`model_defaults`) fill the keys the overrides leave unset, and the note names them. Keys and types are checked,
     values not yet (`validate`). The recipe is read and built once."""
     cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
     overrides, note = list(overrides), None
@@ -47,7 +49,13 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
         extra.append(f"model.name={name}")
         note = (note + "; " if note else f"note: --data {data}: ") + \
             f"model {name}, chosen from the data ({why}); choose another with --set model.name=NAME"
-    return cfg, overrides + extra, note
+    defaults = folder_defaults(cfg.model.name, overrides) if choose_model else []
+    for item in defaults:  # the network's own settings where the default recipe's do not suit it
+        merge(cfg, parse_override(item))
+    if defaults:
+        note = (note + "; " if note else f"note: --data {data}: ") + \
+            f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set)"
+    return cfg, overrides + extra + defaults, note
 
 
 def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None,

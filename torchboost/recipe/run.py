@@ -320,7 +320,7 @@ def build_trainer(cfg: Config, plan: BoostPlan | None, net: nn.Module, hooks: li
         net.to(amp_dtype)  # the weights too (MindSpore's O3): DDP above wraps the same module
     model = Model(wrapped, build_loss(cfg), optimizer, metrics=t.metrics, amp_dtype=amp_dtype,
                   grad_scaler=scaler, device=device,
-                  accumulation_steps=t.accumulation_steps, tta=cfg.eval.tta, options=step)
+                  accumulation_steps=t.accumulation_steps, tta=cfg.eval.tta, precise_bn=t.precise_bn, options=step)
     return model, lr
 
 

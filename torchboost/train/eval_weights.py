@@ -1,7 +1,8 @@
 """Evaluating the weights an optimizer declares for evaluation (`TrainerProtocol.swaps_weights`: schedule-free's
 average of its iterates), the one way `Model.train` and the race do it: the weights swapped in through the
 protocol, then BatchNorm's running statistics recomputed at them, since the ones the forward passes gathered
-belong to the weights the step moved, not to these.
+belong to the weights the step moved, not to these. The same recomputation on request for any optimizer
+(`precise_bn`), for runs too short for the running averages to catch up.
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ def recompute_batchnorm(model: nn.Module, inputs: Iterable[torch.Tensor]) -> int
 
 
 def to_eval_weights(optimizer: torch.optim.Optimizer | None, model: nn.Module,
-                    inputs: Callable[[], Iterable[torch.Tensor]]) -> None:
+                    inputs: Callable[[], Iterable[torch.Tensor]], precise_bn: int = 0) -> None:
     """Before an evaluation or a checkpoint: the optimizer's weights to evaluate in the parameters and, when they
     are not the ones the step moved, BatchNorm's statistics recomputed at them from up to BN_BATCHES training
-    inputs (`inputs()`, called only then)."""
+    inputs (`inputs()`, called only then). `precise_bn` > 0: the statistics recomputed from that many at the
+    weights the step moved too (PreciseBN: a short run's running averages trail weights that moved fast, and
+    evaluation then normalises with statistics of weights long gone: validation at chance while training learns)."""
     protocol = protocol_of(optimizer) if optimizer is not None else None
-    if protocol is None or not protocol.swaps_weights:
-        return
-    protocol.eval_weights()
-    recompute_batchnorm(model, itertools.islice(inputs(), BN_BATCHES))
+    swaps = protocol is not None and protocol.swaps_weights
+    if swaps:
+        protocol.eval_weights()
+    if swaps or precise_bn:
+        recompute_batchnorm(model, itertools.islice(inputs(), max(precise_bn, BN_BATCHES if swaps else 0)))
 
 
 def to_train_weights(optimizer: torch.optim.Optimizer | None) -> None:

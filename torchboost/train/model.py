@@ -34,6 +34,9 @@ class Model:
     torch.autocast in it; "auto" picks bfloat16, or float16 on GPUs without it. MindSpore's
     `amp_level`/`loss_scale_manager` are accepted by `torchboost.compat.mindspore.Model`, which translates them.
     tta: "flip" evaluates and predicts with the logits averaged over each image and its mirror (`train.tta`).
+    precise_bn: before each epoch's evaluation and checkpoint, BatchNorm's running statistics recomputed at the
+    current weights from up to that many training batches (0: the running averages the forward passes kept;
+    `train.precise_bn`, `train.eval_weights.to_eval_weights`).
     The update's own options (a `grad_scaler` for float16, clipping, EMA, schedule, hooks, non-finite
     policy...) are `StepOptions`, given as `options=` or as its keyword arguments
     (`Model(net, loss, opt, grad_scaler=torch.amp.GradScaler(), clip_global_norm=1.0)`); Model sets the
@@ -45,7 +48,7 @@ class Model:
                  metrics: Optional[Iterable[str]] = None, *,
                  device: Optional[str | torch.device] = None, amp_dtype: Optional[str | torch.dtype] = None,
                  accumulation_steps: int = 1, step_cls: type[TrainStep] = TrainStep, tta: str = "none",
-                 options: Optional[StepOptions] = None, **step_options: Any) -> None:
+                 precise_bn: int = 0, options: Optional[StepOptions] = None, **step_options: Any) -> None:
         options = StepOptions.of(options, **step_options)
         if accumulation_steps < 1:
             raise ConfigError(f"accumulation_steps must be >= 1, got {accumulation_steps}", "use 1 to disable")
@@ -73,6 +76,9 @@ class Model:
         self.compiled = self.network if options.compile == "none" else torch.compile(self.network)
         with_tta(self.network, tta)  # an unknown mode is refused here, not at the first evaluation
         self.tta = tta
+        if precise_bn < 0:
+            raise ConfigError(f"precise_bn must be >= 0, got {precise_bn}", "use 0 to keep the running averages")
+        self.precise_bn = precise_bn
         if optimizer is not None and loss_fn is not None:
             options = dataclasses.replace(options, autocast_dtype=self.autocast_dtype)
             self.train_step = step_cls(self.network, loss_fn, optimizer, options, device=self.device,
@@ -204,7 +210,7 @@ class Model:
             state.eval_results = {"train_time_s": time.perf_counter() - state.epoch_start, **summary}
             # every epoch, evaluated or not (untimed, as evaluation): checkpoints and the final weights are the
             # ones to evaluate
-            to_eval_weights(self.optimizer, self.module, lambda: self._inputs(train_data))
+            to_eval_weights(self.optimizer, self.module, lambda: self._inputs(train_data), self.precise_bn)
             if self.optimizer is not None and self.optimizer.param_groups:  # the lr the epoch's last update used
                 state.eval_results["lr"] = float(self.optimizer.param_groups[0]["lr"])
             if eval_data is not None and ((epoch + 1) % eval_every == 0 or epoch + 1 == epochs):
