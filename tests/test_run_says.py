@@ -60,6 +60,39 @@ def test_a_run_at_chance_says_so_once_with_a_fix_for_its_network(tmp_path, capsy
     assert "mnist_cnn has no BatchNorm" in lines[0] and "model.name=resnet20" in lines[0] and " -b " not in lines[0]
 
 
+def test_validation_at_chance_while_training_learns_names_batchnorm_and_a_fix_that_works(tmp_path, capsys):
+    """Issue 55's MobileNetV3 (BatchNorm momentum 0.01, few updates) without its folder setting: training top-1
+    rises, validation sits at chance; the warning says why and the fix it names (train.precise_bn) is the
+    setting tests/test_zoo_defaults.py measures it learning with. Too few updates an epoch are said first."""
+    from test_zoo_generator import make_colours
+
+    data = make_colours(tmp_path / "d", train=32, val=8)
+    assert main(["train", "--data", str(data), "--set", "model.name=mobilenet_v3_small", "--set",
+                 "train.precise_bn=0", "--epochs", "2", "-b", "16", "-o", str(tmp_path / "run"), *QUIET]) == 0
+    said = capsys.readouterr().out
+    few = [line for line in said.splitlines() if line.startswith("warning: 6 update(s) per epoch are few")]
+    assert len(few) == 1 and "96 training images are too few for 10 batches of 16" in few[0]
+    lines = [line for line in said.splitlines() if line.startswith("warning: validation top-1")]
+    assert len(lines) == 1 and "while training top-1 reached" in lines[0], said
+    assert "--set train.precise_bn=10" in lines[0] and "--lr" not in lines[0]
+
+
+@pytest.mark.parametrize("results, steps, says", [
+    ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
+    ({"val_loss": float("nan")}, 40, "the loss diverged"),
+    ({"val_loss": 1.1}, 3, "3 update(s) an epoch are too few to learn from: use a smaller batch, e.g. -b 16"),
+    ({"val_loss": 1.1}, 40, "lower the lr (--lr 0.005), and check that each class folder"),
+])
+def test_the_chance_warning_names_the_cause_it_sees(results, steps, says):
+    from torchboost.models import create_model
+    from torchboost.recipe.load import load_config
+    from torchboost.recipe.run_says import chance_advice
+
+    cfg = load_config("mnist-lenet", ["model.name=resnet20", "model.num_classes=3"])
+    advice = chance_advice(cfg, create_model("resnet20", 3), 0.05, steps, 640)(results)
+    assert advice.startswith(says), advice
+
+
 def test_chance_rule_against_the_binomial_bound():
     from torchboost.train.callbacks import ChanceMonitor
 

@@ -27,7 +27,7 @@ from torchboost.data import read_image
 from torchboost.deploy.metadata import META_FILE, DeployInfo
 from torchboost.deploy.onnxcheck import ZOO_OPS, check_graph
 from torchboost.migrate.timm_names import TIMM_LAYOUTS
-from torchboost.models import create_model, list_models, training_bytes
+from torchboost.models import create_model, has_batchnorm, list_models, training_bytes
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`torch.jit.(load|save)` is deprecated:DeprecationWarning")]
@@ -139,3 +139,6 @@ def test_the_memory_probe_builds_every_zoo_model(name):
     kw = {"image_size": SIZE} if name == "mnist_cnn" else {}
     params = sum(p.numel() * p.element_size() for p in create_model(name, 3, 3, **kw).parameters())
     assert training_bytes(name, 3, 3, **kw) == 4 * params
+    with torch.device("meta"):
+        batchnorm = any(isinstance(m, torch.nn.BatchNorm2d) for m in create_model(name, 3, 3, **kw).modules())
+    assert has_batchnorm(name) == batchnorm  # what train's and race's batch advice assume of it

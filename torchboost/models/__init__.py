@@ -19,13 +19,22 @@ from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resn
 TORCHVISION = {**{n: MobileNetV3 for n in MOBILENET}, **{n: EfficientNet for n in EFFICIENTNET},
                **{n: ConvNeXt for n in CONVNEXT}, **{n: RegNet for n in REGNET}}
 
-__all__ = ["create_model", "list_models", "training_bytes", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
+__all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
            "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
 
 
 def list_models() -> list[str]:
     """Names accepted by `create_model`."""
     return [*ARCHS, *CIFAR_ARCHS, *TORCHVISION, "mnist_cnn"]
+
+
+NO_BATCHNORM = ("mnist_cnn", "convnext_tiny")  # LayerNorm or no normalisation (tests/test_zoo_generator.py checks)
+
+
+def has_batchnorm(name: str) -> bool:
+    """Whether the zoo network `name` normalises with BatchNorm (train-mode batch statistics, running
+    averages for evaluation), without building it."""
+    return name not in NO_BATCHNORM
 
 
 def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) -> nn.Module:

@@ -38,7 +38,7 @@ from torchboost.recipe.optimizers import race_policy
 from torchboost.recipe.race_trace import layer_trace, traced_weights
 from torchboost.plaindata import ascii_number
 from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.resolve import fit_batch
+from torchboost.recipe.resolve import MIN_UPDATES, fit_batch, more_updates
 from torchboost.recipe.validation import validate
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device, sync
@@ -48,8 +48,6 @@ from torchboost.train.tta import with_tta
 
 # (model, lr, updates per epoch, epochs) -> optimizer
 BuildFn = Callable[[nn.Module, float, int, int], torch.optim.Optimizer]
-# Fewer updates per epoch and a ranking reflects the first few steps (and the lr warm-up), not the optimizers.
-MIN_UPDATES = 10
 RACE_SETS = ("name", "lr")  # optim keys the race itself sets for every racer (variant_racer refuses them)
 
 
@@ -80,31 +78,8 @@ def race_setup(recipe: str, cfg: Config, images: int, epochs: int | str) -> tupl
                  f"updates/epoch, {epochs} epochs")
     if updates < MIN_UPDATES:
         lines.append(f"warning: {updates} updates per epoch are too few for a meaningful ranking; "
-                     + _more_updates(images, MIN_BN_BATCH if has_batchnorm(cfg.model.name) else 2))
+                     + more_updates(images, cfg.model.name, "race"))
     return cfg, lines
-
-
-MIN_BN_BATCH = 16  # below it a BatchNorm network's batch statistics are noise: never advised for one
-
-
-def has_batchnorm(model: str) -> bool:
-    """Whether the zoo network `model` normalises with BatchNorm (every network but the MNIST CNN)."""
-    return model != "mnist_cnn"
-
-
-def _more_updates(images: int, smallest: int = 2) -> str:
-    """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two, at least `smallest`:
-    MIN_BN_BATCH for a BatchNorm network), or more images."""
-    def power_of_two(n: int) -> int:
-        return 1 << (max(n, 1).bit_length() - 1)
-
-    batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
-    if batch < smallest:
-        batch = power_of_two(images // MIN_UPDATES)
-    if batch < smallest:
-        return (f"{images} training images are too few for {MIN_UPDATES} batches of {smallest} or more"
-                + (" (BatchNorm needs them)" if smallest > 2 else "") + ": race on more data")
-    return f"use a smaller batch, e.g. -b {batch} ({images // batch} updates/epoch)"
 
 
 def racer_config(cfg: Config, name: str) -> Config:

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError, DataError
+from torchboost.models import has_batchnorm
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.data import small_stem
@@ -77,3 +78,25 @@ def fit_batch(cfg: Config, images: int, world_size: int, per_rank: int | None = 
     note = (f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training images "
             f"{'of each process' if world_size > 1 else 'there are'}: each epoch is one batch of {per_rank}")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=per_rank)), note
+
+
+# Fewer updates an epoch and an epoch's numbers reflect the first few steps (and the lr warm-up): a race cannot rank
+# by them, and a run's BatchNorm statistics and lr schedule have little to work with.
+MIN_UPDATES = 10
+MIN_BN_BATCH = 16  # below it a BatchNorm network's batch statistics are noise: never advised for one
+
+
+def more_updates(images: int, model: str, verb: str = "train") -> str:
+    """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two, at least MIN_BN_BATCH
+    for a BatchNorm network), or more images (`verb`: what to do on them)."""
+    def power_of_two(n: int) -> int:
+        return 1 << (max(n, 1).bit_length() - 1)
+
+    smallest = MIN_BN_BATCH if has_batchnorm(model) else 2
+    batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
+    if batch < smallest:
+        batch = power_of_two(images // MIN_UPDATES)
+    if batch < smallest:
+        return (f"{images} training images are too few for {MIN_UPDATES} batches of {smallest} or more"
+                + (" (BatchNorm needs them)" if smallest > 2 else "") + f": {verb} on more data")
+    return f"use a smaller batch, e.g. -b {batch} ({images // batch} updates/epoch)"

@@ -35,7 +35,8 @@ from torchboost.recipe.diff import flatten
 from torchboost.recipe.manifest import ManifestCallback, read_manifest, snapshot
 from torchboost.recipe.outputs import claim_output, write_config
 from torchboost.recipe.resolve import fit_batch, resolve_config
-from torchboost.recipe.run_says import chance_advice, describe_run, schedule_note, warnings_for
+from torchboost.recipe.run_says import (chance_advice, describe_run, mismatch_advice, schedule_note,
+                                       warnings_for)
 from torchboost.recipe.validation import validated
 from torchboost.scratch import users_own
 from torchboost.seed import seed_everything
@@ -139,7 +140,8 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     train_loader, eval_loader = build_loaders(run_cfg, train_ds, eval_ds, info, device)
     dist.agree({**flatten(run_cfg.to_dict()), "training images": len(train_ds), "evaluation images": len(eval_ds)})
     steps_per_epoch = math.ceil(len(train_loader) / run_cfg.train.accumulation_steps)
-    for note in warnings_for(run_cfg, device, info.world_size):
+    images = share or len(train_ds) // info.world_size  # a process's training images an epoch
+    for note in warnings_for(run_cfg, device, info.world_size, steps_per_epoch, images):
         log(f"warning: {note}")
 
     ckpt = None
@@ -167,7 +169,9 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
             if note:
                 log(note)
         callbacks, ckpt_cb = build_callbacks(run_cfg, out, train_loader, profile, log)
-        callbacks.append(ChanceMonitor(run_cfg.model.num_classes, chance_advice(run_cfg, net, lr)))
+        callbacks.append(ChanceMonitor(run_cfg.model.num_classes,
+                                       chance_advice(run_cfg, net, lr, steps_per_epoch, images),
+                                       mismatch=mismatch_advice(run_cfg, net, steps_per_epoch)))
         if info.is_main:  # last: it records what the others wrote (see recipe.manifest)
             callbacks.append(ManifestCallback(out, before, previous))
         if info.is_main:

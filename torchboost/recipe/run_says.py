@@ -4,8 +4,9 @@ at, and the advice for a run stuck at chance. Each line names what it was comput
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -14,6 +15,7 @@ from torchboost.recipe.config import Config
 from torchboost.recipe.data import eval_preprocess, split_source
 from torchboost.recipe.diff import flatten
 from torchboost.recipe.kinds import get_kind
+from torchboost.recipe.resolve import MIN_UPDATES, more_updates
 from torchboost.recipe.resume import schedule_keys
 from torchboost.train.device import amp_dtype_for, cpu_has_bf16
 
@@ -35,9 +37,14 @@ def schedule_note(ckpt: dict, cfg: Config, schedule, path: str) -> Optional[str]
             f"{schedule[-1]:.4g} after {len(schedule)} updates ({cfg.schedule.mode} over {cfg.train.epochs} epochs)")
 
 
-def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str]:
-    """What a user should know before the first update: settings that cost speed here."""
+def warnings_for(cfg: Config, device: torch.device, world_size: int, steps_per_epoch: int = MIN_UPDATES,
+                 images: int = 0) -> list[str]:
+    """What a user should know before the first update: too few updates an epoch (`steps_per_epoch` from
+    `images` training images) to learn from, settings that cost speed here."""
     notes = []
+    if steps_per_epoch < MIN_UPDATES:
+        notes.append(f"{steps_per_epoch} update(s) per epoch are few to learn from (the lr warm-up and BatchNorm's "
+                     f"running statistics count in updates); {more_updates(images, cfg.model.name)}")
     cores = os.cpu_count() or 1
     if cfg.data.workers > cores:
         notes.append(f"data.workers={cfg.data.workers} on {cores} CPU cores: more workers than cores compete "
@@ -53,14 +60,48 @@ def warnings_for(cfg: Config, device: torch.device, world_size: int) -> list[str
     return notes
 
 
-def chance_advice(cfg: Config, net: torch.nn.Module, lr: float) -> str:
-    """The likely fix for a run stuck at chance, valid for this network: a smaller lr for any; a network
-    without BatchNorm (the MNIST CNN) is also offered one with it, which trains from any image statistics."""
-    fix = f"lower the lr (--lr {lr / 10:g}), and check that each class folder holds its own class's images"
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules()):
-        return fix
-    return (f"{cfg.model.name} has no BatchNorm, and diverges or stalls on data unlike its recipe's: {fix}, or "
-            "train a BatchNorm network (--set model.name=resnet20)")
+def chance_advice(cfg: Config, net: torch.nn.Module, lr: float, steps_per_epoch: int, images: int
+                  ) -> Callable[[dict], str]:
+    """The likely cause and fix of a run whose validation and training stay at chance, from an epoch's results
+    (`ChanceMonitor`): a loss that diverged (a smaller lr), too few updates an epoch (a smaller batch), else a
+    smaller lr and the folders checked. A network without BatchNorm (the MNIST CNN) is also offered one with
+    it, which trains from any image statistics."""
+    bn = has_batchnorm_layers(net)
+
+    def advice(results: dict) -> str:
+        loss = float(results.get("val_loss", float("nan")))
+        if not math.isfinite(loss) or loss > 3 * math.log(cfg.model.num_classes):
+            fix = f"the loss diverged (validation loss {loss:.4g}): lower the lr (--lr {lr / 10:g})"
+        elif steps_per_epoch < MIN_UPDATES:
+            fix = (f"{steps_per_epoch} update(s) an epoch are too few to learn from: "
+                   f"{more_updates(images, cfg.model.name)}, or train more epochs")
+        else:
+            fix = f"lower the lr (--lr {lr / 10:g}), and check that each class folder holds its own class's images"
+        if bn:
+            return fix
+        return (f"{cfg.model.name} has no BatchNorm, and diverges or stalls on data unlike its recipe's: {fix}, or "
+                "train a BatchNorm network (--set model.name=resnet20)")
+    return advice
+
+
+def mismatch_advice(cfg: Config, net: torch.nn.Module, steps_per_epoch: int) -> Callable[[dict], str]:
+    """The likely cause and fix of validation at chance while training accuracy rises (`ChanceMonitor`): for a
+    BatchNorm network evaluated with its running averages, those averages trailing weights that moved fast in
+    few updates (recomputed by train.precise_bn); else validation images unlike the training ones."""
+    check = ("check that val/ holds images like train/'s under the same class names (the same size, colours "
+             "and preprocessing)")
+
+    def advice(results: dict) -> str:
+        if has_batchnorm_layers(net) and not cfg.train.precise_bn:
+            return (f"BatchNorm's running statistics, which evaluation normalises with, trail weights that moved "
+                    f"fast ({steps_per_epoch} update(s) an epoch): recompute them before each evaluation with "
+                    f"--set train.precise_bn=10, or train more updates; else {check}")
+        return check + ", and that the network does not memorise its few training images (add images)"
+    return advice
+
+
+def has_batchnorm_layers(net: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in net.modules())
 
 
 def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_size: int, steps_per_epoch: int,

@@ -9,7 +9,7 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, TextIO
+from typing import Callable, Optional, TextIO
 
 import torch
 
@@ -248,15 +248,20 @@ class EarlyStopping(Callback):
 
 
 class ChanceMonitor(Callback):
-    """Says once, in one line with `advice`, when the first `epochs` evaluations all sit at chance for
-    `num_classes` classes, on the training images as well as the validation ones (a network learning its
-    training set is only slow to show it): top-1 within two standard errors of 1/K, or the validation loss
-    within 2% of ln K (the same distribution predicted for every image). A run that learns nothing is
-    otherwise only visible to someone reading every epoch's numbers."""
+    """Says once, in one line, when the first `epochs` evaluations all sit at chance for `num_classes` classes
+    on the validation images: top-1 within two standard errors of 1/K, or the validation loss within 2% of ln K
+    (the same distribution predicted for every image). With the training images at chance too, `advice` says
+    the likely fix; while training accuracy is above chance, it watches on, and once training top-1 is halfway
+    from chance to 1 with validation still at chance, the network learns what evaluation does not see
+    (BatchNorm statistics, validation images unlike the training ones) and `mismatch` says it. Each is a
+    string, or a function of the epoch's results that gives one. A run that learns nothing is otherwise only
+    visible to someone reading every epoch's numbers."""
 
-    def __init__(self, num_classes: int, advice: str, epochs: int = 2) -> None:
+    def __init__(self, num_classes: int, advice: str | Callable[[dict], str], epochs: int = 2,
+                 mismatch: str | Callable[[dict], str] | None = None) -> None:
         self.k, self.advice, self.epochs = num_classes, advice, epochs
-        self.flat = 0  # consecutive evaluated epochs at chance, from the first
+        self.mismatch = mismatch
+        self.flat = 0  # consecutive evaluated epochs with validation at chance, from the first; -1: left chance
         self.said = False
 
     def at_chance(self, top1: float, loss: Optional[float], n: int) -> bool:
@@ -270,17 +275,22 @@ class ChanceMonitor(Callback):
         top1 = r.get("val_top_1_accuracy")
         if top1 is None or self.said or self.flat < 0:
             return
-        train = r.get("train_top_1_accuracy")
-        learns = train is not None and not self.at_chance(float(train), None, int(state.epoch_samples))
-        if learns or not self.at_chance(float(top1), r.get("val_loss"), int(r.get("val_samples") or 0)):
-            self.flat = -1  # learnt something: never say it
+        if not self.at_chance(float(top1), r.get("val_loss"), int(r.get("val_samples") or 0)):
+            self.flat = -1  # validation learnt something: never say it
             return
         self.flat += 1
-        if self.flat >= self.epochs:
-            self.said = True
-            state.log(f"warning: validation top-1 {float(top1):.4f} (loss {r.get('val_loss', float('nan')):.4f}) is "
-                      f"chance for {self.k} classes (1/K = {1 / self.k:.4f}, ln K = {math.log(self.k):.4f}) after "
-                      f"{self.flat} epochs: {self.advice}")
+        train = r.get("train_top_1_accuracy")
+        learning = train is not None and not self.at_chance(float(train), None, int(state.epoch_samples))
+        learnt = learning and float(train) >= (1 + 1 / self.k) / 2  # halfway from chance to every image right
+        if self.flat < self.epochs or (learning and not learnt) or (learnt and self.mismatch is None):
+            return  # a network learning its training set may only be slow to show it: watch on
+        self.said = True
+        said = f"validation top-1 {float(top1):.4f} (loss {r.get('val_loss', float('nan')):.4f}) is chance for " \
+               f"{self.k} classes (1/K = {1 / self.k:.4f}, ln K = {math.log(self.k):.4f}) after {self.flat} epochs"
+        if learnt:
+            state.log(f"warning: {said} while training top-1 reached {float(train):.4f}: {_say(self.mismatch, r)}")
+        else:
+            state.log(f"warning: {said}: {_say(self.advice, r)}")
 
     def state_dict(self) -> dict:
         return {"flat": self.flat, "said": self.said}
@@ -289,6 +299,10 @@ class ChanceMonitor(Callback):
         if type(state.get("flat")) is not int or type(state.get("said")) is not bool:
             raise ValueError("ChanceMonitor state is not a count and a flag")
         self.flat, self.said = state["flat"], state["said"]
+
+
+def _say(advice: str | Callable[[dict], str], results: dict) -> str:
+    return advice if isinstance(advice, str) else advice(results)
 
 
 class ProgressBar(Callback):
