@@ -77,6 +77,20 @@ def test_validation_at_chance_while_training_learns_names_batchnorm_and_a_fix_th
     assert "--set train.precise_bn=10" in lines[0] and "--lr" not in lines[0]
 
 
+def test_the_start_up_line_names_what_trains_how(tmp_path, capsys):
+    """Issue 55: the optimizer and its lr, the augmentation, averaging, TTA and the thread count, as they ran."""
+    from test_zoo_generator import make_colours
+
+    data = make_colours(tmp_path / "d")
+    assert main(["train", "--data", str(data), "--epochs", "1", "-b", "4", "--threads", "1", "--set",
+                 "optim.name=adamw", "--set", "optim.momentum=null", "--lr", "0.002", "--set", "train.ema.enabled=true", "--set", "train.ema.decay=0.99",
+                 "--set", "eval.tta=flip", "--set", "data.random_erasing=0.25", "-o", str(tmp_path / "run"),
+                 *QUIET]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("training "))
+    assert line.endswith("3 updates/epoch, optimizer adamw, lr 0.002, augmentation shift ±2 px + "
+                         "random erasing 0.25, averaging EMA 0.99, TTA flip, 1 thread(s)"), line
+
+
 @pytest.mark.parametrize("results, steps, says", [
     ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
     ({"val_loss": float("nan")}, 40, "the loss diverged"),

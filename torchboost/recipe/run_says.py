@@ -118,4 +118,21 @@ def describe_run(cfg: Config, train_ds, eval_ds, device: torch.device, world_siz
     return (f"training {cfg.model.name} ({cfg.model.num_classes} classes, {cfg.model.in_chans} channel(s), {size}) "
             f"on {where} ({len(train_ds)} train images; evaluated on {split_source(d, 'test')}: {len(eval_ds)} "
             f"images{prep}) for {cfg.train.epochs} epochs on {device}, {world_size} "
-            f"process(es), {steps_per_epoch} updates/epoch, {lr_text}")
+            f"process(es), {steps_per_epoch} updates/epoch, {how_trained(cfg, lr_text)}, "
+            f"{torch.get_num_threads()} thread(s)")
+
+
+def how_trained(cfg: Config, lr_text: str) -> str:
+    """The optimizer and lr, augmentation, weight averaging and test-time augmentation of a resolved config."""
+    o, d, t = cfg.optim, cfg.data, cfg.train
+    optimizer = o.name + (f" (momentum {o.momentum:g})" if o.momentum else "")
+    augment = {"shift": f"shift ±{d.random_shift} px", "imagenet": "imagenet (random resized crop + flip)"
+               }.get(d.augment, d.augment)
+    extra = [f"{d.auto_augment}" if d.auto_augment != "none" else "",
+             f"random erasing {d.random_erasing:g}" if d.random_erasing else "",
+             f"mixup {d.mixup_alpha:g}" if d.mixup_alpha else "", f"cutmix {d.cutmix_alpha:g}" if d.cutmix_alpha else ""]
+    augment = " + ".join([augment, *filter(None, extra)])
+    averaging = [t.average] if t.average != "none" else []
+    averaging += [f"EMA {t.ema.decay:g}"] if t.ema.enabled else []
+    return (f"optimizer {optimizer}, {lr_text}, augmentation {augment}, averaging {' + '.join(averaging) or 'none'}, "
+            f"TTA {cfg.eval.tta}")
