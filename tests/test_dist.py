@@ -188,3 +188,38 @@ def test_fork_from_a_threaded_process_is_refused_before_any_child_starts() -> No
     finally:
         stop.set()
         busy.join()
+
+
+def _progress_bar_worker() -> str:
+    from tqdm import tqdm
+
+    for _ in tqdm(range(2), disable=True):  # tqdm.__new__ takes tqdm's lock, disabled or not
+        pass
+    return "made a progress bar"
+
+
+def test_a_launch_while_another_thread_holds_tqdms_lock_completes() -> None:
+    """The stall seen once on a loaded machine: tqdm's monitor thread (alive in any process that has shown a progress
+    bar, pytest's included) takes tqdm's lock every 10 s; a rank forked while it held it waited for that lock forever,
+    at its first progress bar, until launch's timeout (120-180 s in the suite). Reproduced with start_method="fork"
+    and the thread check bypassed: both ranks stopped "in acquire (std.py:102)". The forkserver's children inherit
+    no lock of the caller's."""
+    import threading
+
+    from tqdm import tqdm
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with tqdm.get_lock():
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        assert launch(_progress_bar_worker, 2, timeout_s=120) == ["made a progress bar"] * 2
+    finally:
+        release.set()
+        holder.join()

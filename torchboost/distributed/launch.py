@@ -7,10 +7,11 @@ so they must be tensors, numbers, strings and containers of those.
 
 The parent hosts the job's store, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE): it binds a port the
 OS picks and holds it until the children are done. A port chosen first and bound later by rank 0 can be taken
-in between — by another job's gloo connection, or by another job's store, whose clients then wait on the wrong
-server until a timeout (the stalls seen when several launches ran at once on a loaded machine). A rank still
-running at the deadline is asked for its Python stacks (faulthandler, SIGUSR1) before it is killed, so a hang
-says where it hung.
+in between — by another job's gloo connection, or by another job's store, whose clients would then wait on the
+wrong server until a timeout — and several jobs run at once under pytest-xdist. A rank still running at the
+deadline is asked for its Python stacks (faulthandler, SIGUSR1) before it is killed, so a hang says where it hung:
+that is how the suite's one stall was found (a rank forked while the caller's tqdm monitor thread held tqdm's
+lock waited for it forever; tests/test_dist.py), and why "fork" is refused from a caller with other threads.
 """
 
 from __future__ import annotations
@@ -188,12 +189,12 @@ def _run(ctx: Any, port: int, fn: Callable[..., Any], nprocs: int, args: tuple, 
         where[r] = _where(stacks / f"rank{r}", r)
     missing = [r for r in range(nprocs) if r not in outs and r not in errors]
     if errors or missing:
-        detail = "; ".join(f"rank {r}: {msg.strip().splitlines()[-1]}" for r, msg in sorted(errors.items()))
+        parts = [f"rank {r}: {msg.strip().splitlines()[-1]}" for r, msg in sorted(errors.items())]
         if missing:
-            detail += f"; ranks {missing} were stopped, still running " + (
-                f"{_GRACE_S:.0f} s after the first failure" if errors else f"after {timeout_s:.0f} s")
-            detail += "".join(f"; rank {r} was {where[r]}" for r in missing if r in where)
-        raise DistributedError(f"launch of {nprocs} processes failed: {detail}",
+            parts.append(f"ranks {missing} were stopped, still running " + (
+                f"{_GRACE_S:.0f} s after the first failure" if errors else f"after {timeout_s:.0f} s"))
+            parts += [f"rank {r} was {where[r]}" for r in missing if r in where]
+        raise DistributedError(f"launch of {nprocs} processes failed: {'; '.join(parts)}",
                                "each failing rank printed its full traceback to stderr, and each stopped one its "
                                "Python stacks; fix the first one")
     return [outs[r] for r in range(nprocs)]
