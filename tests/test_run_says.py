@@ -91,6 +91,23 @@ def test_the_start_up_line_names_what_trains_how(tmp_path, capsys):
                          "random erasing 0.25, averaging EMA 0.99, TTA flip, 1 thread(s)"), line
 
 
+def test_a_folder_run_is_named_after_its_model_and_folder_not_the_default_recipe(tmp_path):
+    """Issue 55: every run without -c was filed under MLflow experiment (and folder) "mnist-lenet"."""
+    from test_zoo_generator import make_colours
+    from torchboost.recipe.callbacks import mlflow_logger
+    from torchboost.recipe.load import recipe_with_data
+    from torchboost.train.callbacks import ModelCheckpoint
+
+    data = make_colours(tmp_path / "my photos!")
+    cfg, overrides, note = recipe_with_data("mnist-lenet", ["train.loggers=[mlflow]"], str(data), choose_model=True)
+    assert cfg.name == "resnet20-my-photos" and "name=resnet20-my-photos" in overrides and "runs/resnet20-my-photos" in note
+    assert mlflow_logger(cfg, tmp_path / "run", ModelCheckpoint("m", tmp_path / "ckpt")).experiment == cfg.name
+    named, _, _ = recipe_with_data("mnist-lenet", ["name=mine"], str(data), choose_model=True)
+    assert named.name == "mine"
+    recipe, _, _ = recipe_with_data("resnet50-imagenet-sgd", [], str(data))  # a recipe for folders keeps its name
+    assert recipe.name == "resnet50-imagenet-sgd"
+
+
 @pytest.mark.parametrize("results, steps, says", [
     ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
     ({"val_loss": float("nan")}, 40, "the loss diverged"),

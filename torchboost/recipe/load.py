@@ -4,6 +4,9 @@ and the resolved one with its data sets (`load_resolved`) for tools that build a
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Optional, Sequence
 
 from torch.utils.data import Dataset
@@ -37,7 +40,8 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     if not data:
         return cfg, overrides, None
     extra = [f"data.path={data}"]
-    if not get_kind(cfg.data.dataset).needs_path:
+    replaced = not get_kind(cfg.data.dataset).needs_path
+    if replaced:
         note = (f"note: --data {data}: training on that image folder (data.dataset={FOLDER}) instead of the "
                 f"recipe's built-in {cfg.data.dataset}")
         extra.insert(0, f"data.dataset={FOLDER}")
@@ -55,7 +59,18 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     if defaults:
         note = (note + "; " if note else f"note: --data {data}: ") + \
             f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set)"
+    if replaced and not any(o.partition("=")[0].strip() == "name" for o in overrides):
+        name = run_name(cfg.model.name, data)  # not the recipe's job any more: runs/NAME, the MLflow experiment
+        merge(cfg, parse_override(f"name={name}"))
+        extra.append(f"name={name}")
+        note += f"; the run is named {name} (its folder runs/{name} unless -o, its MLflow experiment)"
     return cfg, overrides + extra + defaults, note
+
+
+def run_name(model: str, data: str) -> str:
+    """MODEL-FOLDER for a run on the folder `data`: letters, digits, '.', '_' and '-' of the folder's name."""
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(os.path.abspath(data)).name).strip("-.")[:60]
+    return f"{model}-{folder}" if folder else model
 
 
 def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None,
