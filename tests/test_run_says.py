@@ -108,6 +108,23 @@ def test_a_folder_run_is_named_after_its_model_and_folder_not_the_default_recipe
     assert recipe.name == "resnet50-imagenet-sgd"
 
 
+def test_init_weights_of_a_checkpoint_trains_its_network_when_no_model_is_chosen(tmp_path, capsys):
+    """Issue 55: an MNIST-CNN checkpoint (grey, 28 px) as train.init_weights on a folder of 40 px colour images
+    picked resnet20 from the data and refused the weights; the checkpoint's network and input are used."""
+    from test_zoo_generator import make_colours
+
+    first = tmp_path / "first"
+    assert main(["train", "--data", str(make_colours(tmp_path / "a")), "--set", "model.name=mnist_cnn", "--set",
+                 "data.channels=1", "--epochs", "1", "-b", "4", "-o", str(first), *QUIET]) == 0
+    ckpt = first / "ckpt" / "mnist_cnn-best.pt"
+    capsys.readouterr()
+    assert main(["train", "--data", str(make_colours(tmp_path / "b", size=40)), "--set", f"train.init_weights={ckpt}",
+                 "--epochs", "1", "-b", "4", "-o", str(tmp_path / "second"), *QUIET]) == 0
+    said = capsys.readouterr().out
+    assert f"model mnist_cnn, the network of train.init_weights {ckpt} (data.channels=1, data.image_size=28" in said
+    assert "training mnist_cnn (3 classes, 1 channel(s), 28×28 px input)" in said
+
+
 @pytest.mark.parametrize("results, steps, says", [
     ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
     ({"val_loss": float("nan")}, 40, "the loss diverged"),

@@ -11,12 +11,14 @@ from typing import Optional, Sequence
 
 from torch.utils.data import Dataset
 
+from torchboost.models import list_models
 from torchboost.recipe.config import Config, build_config, find_recipe, merge, parse_override, read_yaml
 from torchboost.recipe.data import load_data, model_for_data
 from torchboost.recipe.kinds import FOLDER, get_kind
 from torchboost.recipe.model_defaults import folder_defaults
 from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validation import validate, validated
+from torchboost.train.checkpoint import torch_load
 
 
 def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
@@ -48,11 +50,19 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     for item in extra:
         merge(cfg, parse_override(item))
     if choose_model and not any(o.partition("=")[0].strip() == "model.name" for o in overrides):
-        name, why = model_for_data(cfg.data)
-        merge(cfg, parse_override(f"model.name={name}"))
-        extra.append(f"model.name={name}")
-        note = (note + "; " if note else f"note: --data {data}: ") + \
-            f"model {name}, chosen from the data ({why}); choose another with --set model.name=NAME"
+        chosen = checkpoint_input(cfg.train.init_weights)
+        if chosen is None:
+            name, why = model_for_data(cfg.data)
+            chosen = [f"model.name={name}"]
+            said = f"model {name}, chosen from the data ({why})"
+        else:
+            name = chosen[0].partition("=")[2]
+            said = (f"model {name}, the network of train.init_weights {cfg.train.init_weights} "
+                    f"({', '.join(chosen[1:])}: its input)")
+        for item in chosen:
+            merge(cfg, parse_override(item))
+        extra += chosen
+        note = (note + "; " if note else f"note: --data {data}: ") + f"{said}; choose another with --set model.name=NAME"
     defaults = folder_defaults(cfg.model.name, overrides) if choose_model else []
     for item in defaults:  # the network's own settings where the default recipe's do not suit it
         merge(cfg, parse_override(item))
@@ -65,6 +75,24 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
         extra.append(f"name={name}")
         note += f"; the run is named {name} (its folder runs/{name} unless -o, its MLflow experiment)"
     return cfg, overrides + extra + defaults, note
+
+
+def checkpoint_input(path: Optional[str]) -> Optional[list[str]]:
+    """[model.name=, data.channels= (and the MNIST CNN's data.image_size=, which sizes its classifier)] of the
+    network a torchboost training checkpoint at `path` holds; None for any other file (or none): the data
+    then chooses the model."""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        saved = torch_load(path, mmap=True).get("config") or {}
+        model, data = saved["model"], saved["data"]
+    except Exception:  # plain weights, another format, a damaged file: init_weights' own reader says which
+        return None
+    name, channels, size = model.get("name"), data.get("channels"), data.get("image_size")
+    if name not in list_models() or type(channels) is not int or (name == "mnist_cnn" and type(size) is not int):
+        return None
+    return [f"model.name={name}", f"data.channels={channels}"] + ([f"data.image_size={size}"] if name == "mnist_cnn"
+                                                                   else [])
 
 
 def run_name(model: str, data: str) -> str:
