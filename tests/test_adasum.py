@@ -121,6 +121,7 @@ def _assert_same_everywhere(outs: list[list[torch.Tensor]]) -> None:
         assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
 
 
+@pytest.mark.slow
 def test_matches_float64_reference(run: tuple[int, list[dict]]) -> None:
     world, res = run
     # float32 buffers: one rounding per level of terms up to ~5 in size, so ~1e-6 absolute near cancellation

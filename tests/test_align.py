@@ -210,6 +210,7 @@ def test_a_momentum_difference_fails_from_the_second_step():
     assert align_modules(mnist_cnn(), mnist_cnn(), x, optimizer=sgd(0.9), reference_optimizer=sgd(0.9)).passed
 
 
+@pytest.mark.slow
 def test_align_from_recipes_fails_a_planted_momentum_by_default():
     """`torchboost align --reference-config R --reference-set optim.momentum=0.5` (R's momentum 0.9): exit 1 by
     default, naming step 2's update; the same recipe on both sides passes."""

@@ -196,6 +196,7 @@ def test_uint8_and_float_pipelines_agree_with_policies_and_erasing_on():
 
 
 # --- random erasing ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_random_erasing_boxes_follow_torchvisions_distribution():
     erasing, rng = RandomErasing(0.5, fill=(7, 8, 9)), np.random.default_rng(2)
     size, erased, areas, aspects = 400, 0, [], []
@@ -355,6 +356,7 @@ def photo_folder(root: Path, n: int = 16, size: int = 32) -> Path:
 
 
 @pytest.mark.parametrize("policy", ["randaugment", "trivialaugment"])
+@pytest.mark.slow
 def test_a_run_with_every_augmentation_resumed_mid_epoch_equals_the_uninterrupted_one(policy, tmp_path, one_thread):
     from torchboost.recipe.load import load_config
     from torchboost.recipe.run import train_from_config

@@ -124,6 +124,7 @@ def test_what_averaging_refuses():
         load_config("digits-lenet", ["train.average=swa", "train.compile=default"])
 
 
+@pytest.mark.slow
 def test_a_recipe_trains_with_swa_and_evaluates_the_average(tmp_path):
     """`train --set train.average=swa`: the optimizer is the average around the recipe's; the run's evaluation
     is of the averaged weights (the saved weights are the average, BatchNorm recomputed)."""

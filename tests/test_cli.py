@@ -104,6 +104,7 @@ def test_predict_files_and_folders(run, tmp_path, capsys):
     assert "--topk" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_folder_then_train_on_it(tmp_path, capsys):
     out = tmp_path / "digits"
     assert main(["export-folder", "--dataset", "digits", "--out", str(out)]) == 0

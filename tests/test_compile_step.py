@@ -35,6 +35,7 @@ THOR = ThorOptions(frequency=4)  # refreshes (eager) at updates 0, 4 and 8; the 
     ("sgd", 0.1, 1e-7, None), ("adamw", 1e-3, 1e-6, None), ("muon", 0.02, 3e-2, None), ("thor", 0.05, 1e-7, THOR),
     ("thor", 0.02, 1e-7, ThorOptions(frequency=4, graft="muon_step"))], ids=["sgd", "adamw", "muon", "thor",
                                                                             "thor-graft"])
+@pytest.mark.slow
 def test_a_compiled_step_trains_like_the_eager_one(name, lr, rtol, options):
     torch._dynamo.reset()
     schedule = [lr * 0.8**k for k in range(10)]
@@ -56,6 +57,7 @@ def test_a_compiled_step_trains_like_the_eager_one(name, lr, rtol, options):
     assert all(type(g["lr"]) is float for g in compiled_opt.param_groups)  # checkpoints hold plain numbers
 
 
+@pytest.mark.slow
 def test_a_changing_lr_does_not_recompile_the_step():
     torch._dynamo.reset()
     net = _net()
@@ -70,6 +72,7 @@ def test_a_changing_lr_does_not_recompile_the_step():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
 
 
+@pytest.mark.slow
 def test_thor_compiles_once_and_refreshes_eagerly():
     torch._dynamo.reset()
     net = _net()
@@ -112,6 +115,7 @@ def test_gradient_freezing_under_compile_is_refused_in_one_line():
     load_config("digits-lenet", ["train.compile=none", "boost.level=O1"])  # freezing, eager
 
 
+@pytest.mark.slow
 def test_a_compiled_run_reports_its_graphs_and_each_recompile_with_its_reason():
     """Model.train says at each epoch's end how many graphs it compiled and how many recompiles it met: none for
     a steady run; a batch of another size (the last, without drop_last) is a recompile, named with its guard."""

@@ -138,6 +138,7 @@ def test_augmentation_is_identical_for_any_number_of_workers(tmp_path):
     assert serial[0].shape == (12, 3, 24, 24) and not torch.equal(serial[0], serial[1])
 
 
+@pytest.mark.slow
 def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path):
     out = export_folder("mnist5k", tmp_path / "mnist", split="test")
     data = load_builtin("mnist5k", "test")

@@ -49,6 +49,7 @@ def weights(out: Path, name: str) -> dict:
     return load_checkpoint(out / "ckpt" / name)["model"]
 
 
+@pytest.mark.slow
 def test_a_kind_registered_in_one_line_trains_resumes_mid_epoch_and_races(tmp_path, npz_kind, capsys, one_thread):
     base = ["data.batch_size=64", "checkpoint.save_every_steps=30", *FAST, *npz_kind]  # 22 updates an epoch
     straight = train_from_config(load_config("digits-lenet", [*base, "train.epochs=2", f"output={tmp_path / 'a'}"]))

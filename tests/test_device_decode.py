@@ -106,6 +106,7 @@ def full_decode_crop(path: str, box: tuple[int, int, int, int], flip: bool, chan
 
 # --- (a) the same crops and flips, from the same per-sample stream --------------------------------------------
 @pytest.mark.parametrize("seed,epoch", [(0, 0), (7, 3)])
+@pytest.mark.slow
 def test_crop_boxes_and_flips_are_the_cpu_transforms(photos, seed, epoch):
     t = rgb_train()
     cpu, dev = ImageFolder(photos / "train", t), ImageFolder(photos / "train", DeviceDecode(t))
@@ -243,6 +244,7 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_train_and_resume_with_device_decoding_on_the_cpu(tmp_path):
     data = tmp_path / "data"
     for split, n in (("train", 16), ("val", 6)):

@@ -188,6 +188,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
                             "masked": step.masks_on_device, "calls": len(calls)})
 
 
+@pytest.mark.slow
 def test_under_ddp_every_rank_skips_the_same_update_with_no_extra_collective(tmp_path):
     ranks = spawn_ranks(_ddp_worker, tmp_path)
     assert all(r["masked"] for r in ranks)

@@ -125,6 +125,7 @@ def _fault_worker(mode: str) -> float:
 
 @pytest.mark.dist
 @pytest.mark.parametrize("mode", ["kill", "hang"])
+@pytest.mark.slow
 def test_dead_or_hung_rank_ends_the_job_with_a_clear_error(mode: str) -> None:
     with pytest.raises(DistributedError) as err:  # launch's own 60 s limit guards against a hang of the test
         launch(_fault_worker, 2, mode, timeout_s=60)
@@ -157,6 +158,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_torchrun_style_processes_log_per_rank_and_exit_cleanly(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)

@@ -264,11 +264,13 @@ def one_error_line(proc: subprocess.Popen, timeout: float = 60) -> str:
      "its own RANK"),
     ({"TORCHELASTIC_RESTART_COUNT": "abc"}, "error: environment variable TORCHELASTIC_RESTART_COUNT='abc' is not "),
 ], ids=["rank-abc", "port-abc", "rank-5-of-2", "restart-count-abc"])
+@pytest.mark.slow
 def test_a_bad_environment_is_one_line_from_the_cli(env, message, tmp_path):
     assert one_error_line(cli([*TRAIN, "-o", str(tmp_path / "run")], **env)).startswith(message)
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_lone_rank_says_in_one_line_that_its_peer_never_came(tmp_path):
     """Rank 1 without rank 0 (nobody hosts the store), and rank 0 without rank 1, each within the join timeout:
     the C++ connect errors c10d logs with stack traces do not reach the user."""
@@ -283,6 +285,7 @@ def test_a_lone_rank_says_in_one_line_that_its_peer_never_came(tmp_path):
     assert one_error_line(alone0).startswith("error: 1 of the job's 2 processes did not join within 2 s (rank 1) — ")
 
 
+@pytest.mark.slow
 def test_resume_given_to_one_rank_only_stops_both_with_the_same_line(tmp_path):
     out = tmp_path / "run"
     assert main([*TRAIN, "--epochs", "1", "-o", str(out)]) == 0  # the checkpoint rank 1 resumes from

@@ -59,6 +59,7 @@ def test_num_classes_has_one_home_and_comes_from_the_data(tmp_path, capsys):
     assert "model.num_classes=1000 but the training data has 3 classes" in err
 
 
+@pytest.mark.slow
 def test_eval_on_data_with_other_classes_is_refused(tmp_path, capsys):
     assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(tmp_path / "run"), *QUIET]) == 0
     capsys.readouterr()
@@ -101,6 +102,7 @@ def test_resnet_recipe_on_a_small_folder(tmp_path, capsys, monkeypatch):
     assert cfg18.checkpoint.prefix == "resnet18"  # a resnet18 run writes resnet18-*.pt
 
 
+@pytest.mark.slow
 def test_resume_continues_in_its_own_folder_found_by_folder_last_or_auto(tmp_path, capsys):
     """--resume takes a run folder, `last` or `auto` too; a resumed run continues in its own folder (another
     -o is refused, nothing created there) with its own config, and the history continues."""
@@ -128,6 +130,7 @@ def test_resume_continues_in_its_own_folder_found_by_folder_last_or_auto(tmp_pat
     assert "holds a different run" in err and "train.seed" in err
 
 
+@pytest.mark.slow
 def test_metric_aliases_through_the_recipe(tmp_path, capsys):
     assert main(["train", "-c", "digits-lenet", "--epochs", "1", "--set", "train.metrics=[acc, loss]",
                  "--set", "train.monitor=val_top_1_accuracy", "-o", str(tmp_path / "r"), *QUIET]) == 0

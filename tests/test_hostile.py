@@ -32,6 +32,7 @@ def one_line_error(capsys, argv: list[str]) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_a_crafted_checkpoint_cannot_delete_files_outside_its_run(tmp_path, capsys):
     victim = tmp_path / "important.txt"
     victim.write_text("keep me")
@@ -142,6 +143,7 @@ def test_safe_unpickle_never_imports(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_overwrite_deletes_only_what_a_run_wrote(tmp_path, capsys):
     """A folder of the user's files is not a run; --overwrite of a real run removes exactly the files its
     manifest lists (and still match), never a user's file in the same folders."""

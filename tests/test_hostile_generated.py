@@ -110,6 +110,7 @@ def _same(asked, got) -> bool:
 
 
 @given(key=st.sampled_from(KEYS), value=VALUES)
+@pytest.mark.slow
 def test_any_value_for_any_config_key(key, value):
     text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True).strip()
     text = text.removesuffix("\n...").removesuffix("...").strip()
@@ -187,6 +188,7 @@ def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
 
 
 @given(flag=st.sampled_from(FLAGS), value=FLAG_TEXT, data=st.data())
+@pytest.mark.slow
 def test_any_value_for_any_flag_of_any_subcommand(flag, value, data, inputs, tmp_path_factory):
     name, option = flag
     out = tmp_path_factory.mktemp("out")

@@ -156,6 +156,7 @@ IDX_HEADERS = {
 
 @pytest.mark.parametrize("name", list(IDX_HEADERS))
 @pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.slow
 def test_idx_headers_that_multiply_past_int64_are_one_line(name, gz, tmp_path):
     data = IDX_HEADERS[name]
     data = gzip.compress(data) if gz else data

@@ -92,6 +92,7 @@ def command(name: str, run: Path, base: Path) -> list:
 
 @given(tree=st.dictionaries(st.sampled_from(RUN_PATHS), st.sampled_from(KINDS), min_size=1, max_size=4),
        name=st.sampled_from(COMMANDS), copy=st.booleans())
+@pytest.mark.slow
 def test_any_run_folder_shape(tree, name, copy, base, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tree")
     outside = tmp / "outside"
@@ -145,6 +146,7 @@ def make_entry(path: Path, kind: str, outside: Path) -> None:
                                          st.sampled_from(["x.png", "y.png", "deep/z.png"])),
                                st.sampled_from(IMAGE_KINDS), max_size=4),
        name=st.sampled_from(["train", "export-shards", "predict"]), skip=st.booleans())
+@pytest.mark.slow
 def test_any_image_folder_shape(entries, name, skip, base, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("images")
     outside = tmp / "outside"
@@ -209,6 +211,7 @@ def mid_epoch(tmp_path_factory) -> tuple[Path, dict]:
 
 
 @given(data=st.data(), value=VALUES, name=st.sampled_from(["resume", "eval", "predict", "diff-config"]))
+@pytest.mark.slow
 def test_any_value_in_any_field_of_a_checkpoint(data, value, name, mid_epoch, tmp_path_factory, monkeypatch):
     source, state = mid_epoch
     path = data.draw(st.sampled_from(leaf_paths(state)), label="field")

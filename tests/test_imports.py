@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SHARD_READERS = {"torchboost.data.shards", "torchboost.data.shardfiles", "torchboost.data.shardoffsets",
                  "torchboost.data.braces", "torchboost.data.export"}
@@ -33,6 +35,7 @@ def modules_after(what: str, code: str, cwd: Path, timeout: int = 300) -> tuple[
     return set(json.loads(lines[-1])), "\n".join(lines[:-1])
 
 
+@pytest.mark.slow
 def test_a_builtin_training_run_imports_no_migration_or_shard_reader(tmp_path):
     argv = ["train", "-c", "digits-lenet", "--epochs", "1", "-b", "256", "-o", str(tmp_path / "run"),
             "--set", "train.progress_bar=false"]
@@ -51,6 +54,7 @@ def test_help_imports_no_torch(tmp_path):
     assert "numpy" not in loaded  # nor numpy: argparse and the help text only
 
 
+@pytest.mark.slow
 def test_names_imported_on_first_use_arrive_when_used(tmp_path):
     """The checks above are not vacuous: the lazily exported names load their modules when read."""
     loaded, _ = modules_after("lazy names", "import torchboost, torchboost.data\n"

@@ -19,12 +19,14 @@ from torchboost.cli import main
     (["launch", "--nnodes", "2", "--rdzv-endpoint", "nosuchhost.invalid:29500", "train", "--set", "dist.timeout_s=5",
       "-o", "never-written"], "error: cannot reach the rendezvous at nosuchhost.invalid:29500: "),
 ])
+@pytest.mark.slow
 def test_launch_refuses_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(message), err
 
 
+@pytest.mark.slow
 def test_launch_refuses_a_finished_run_before_starting_any_process(tmp_path, capsys, one_thread):
     out = str(tmp_path / "run")
     train = ["train", "-c", "digits-lenet", "--epochs", "1", "--set", "train.progress_bar=false", "-o", out]

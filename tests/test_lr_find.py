@@ -169,6 +169,7 @@ def test_lr_find_never_writes_through_a_link_out_of_its_folder(tmp_path, capsys)
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_race_lr_find_races_the_grid_centred_on_each_suggestion(tmp_path, capsys):
     from torchboost.recipe import load_resolved
     from torchboost.recipe.load import recipe_with_data

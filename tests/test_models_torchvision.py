@@ -44,6 +44,7 @@ THOR_ON = ("mobilenet_v3_small", "efficientnet_b0", "regnet_x_400mf", "convnext_
 
 
 @pytest.mark.parametrize("name", list(FIXTURE))
+@pytest.mark.slow
 def test_each_trains_a_step_with_one_channel_and_under_thor(name):
     from torchboost.optim.thor import THOR
 

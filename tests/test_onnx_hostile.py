@@ -427,6 +427,7 @@ def test_the_tiny_classifier_is_accepted(place):
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
+@pytest.mark.slow
 def test_a_hostile_model_is_one_line(place, name):
     err = refused_model(place, HOSTILE[name]())
     if "external" in name:
@@ -541,6 +542,7 @@ def test_any_field_of_a_model_mutated_is_a_prediction_or_one_line(place, name, b
     prediction_or_one_line(place, build())
 
 
+@pytest.mark.slow
 def test_random_byte_flips_are_a_prediction_or_one_line(place):
     data = kitchen_sink().SerializeToString()
     rng = random.Random(0)
@@ -613,6 +615,7 @@ def test_a_module_in_the_working_folder_is_never_imported(place):
     assert code == 0 and (": cat " in out or ": dog " in out), (code, out, err)
 
 
+@pytest.mark.slow
 def test_the_allow_list_holds_what_the_zoo_exports_to():
     """ZOO_OPS is what the project's exporter makes of its networks (listed by exporting each): three of them,
     one of each family, are accepted and use nothing else (test_export runs every network's export through

@@ -52,6 +52,7 @@ def test_val_split_with_other_class_folders_is_refused_naming_them(tmp_path, cap
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_channels_come_from_the_majority_not_the_first_file(tmp_path, capsys):
     data = make_folder(tmp_path / "d", mode="L")
     Image.new("RGB", (12, 12), (200, 10, 10)).save(data / "train" / "0" / "000-first.png")  # sorts first
@@ -97,6 +98,7 @@ def test_a_link_to_other_classes_images_is_refused(tmp_path, capsys, target):
     assert np.bincount([label for _, label in ImageFolder(data / "train", None).samples]).tolist() == [6, 6, 8]
 
 
+@pytest.mark.slow
 def test_small_images_keep_their_native_size_with_a_resnet(tmp_path, capsys):
     data = make_folder(tmp_path / "d", size=28)
     assert main(["train", "--data", str(data), "--set", "model.name=resnet18", *QUIET, "-o", str(tmp_path / "o"),
@@ -132,6 +134,7 @@ def test_eval_says_what_it_read_and_refuses_a_path_as_split(tmp_path, capsys):
     assert main(["eval", "--checkpoint", str(ckpt), "--split", "../../x"]) == 2
 
 
+@pytest.mark.slow
 def test_fine_tuning_onto_other_classes_reinitialises_the_head_and_can_freeze_the_backbone(tmp_path, capsys):
     """timm's behaviour: everything that fits loads, the classifier head for another class count starts fresh
     (one line says so); with train.freeze_backbone_epochs=1 the first epoch trains the head only."""
@@ -203,6 +206,7 @@ def test_mindspore_amp_levels_become_torch_keys(train, want):
     assert (cfg.train.amp_dtype, cfg.train.cast_network, cfg.train.loss_scale) == want
 
 
+@pytest.mark.slow
 def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):
     data = make_folder(tmp_path / "d")  # 18 training images; the default batch is 64
     assert main(["train", "--data", str(data), *QUIET, "--epochs", "2", "-o", str(tmp_path / "o")]) == 0
@@ -224,6 +228,7 @@ def test_fewer_than_two_images_per_process_is_refused():
     assert fitted.data.batch_size == 20 and "larger than the 20 training images of each process" in note
 
 
+@pytest.mark.slow
 def test_fine_tuning_a_mindspore_resnet_checkpoint_onto_a_folder(tmp_path, capsys):
     """The README's fine-tuning workflow with a framework's file: a 10-class ResNet-18 in MindSpore's .ckpt
     (MindSpore names) onto a 3-class RGB folder: names mapped, head re-initialised, backbone frozen for

@@ -82,6 +82,7 @@ def folder(root: Path, n: int = 10) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_the_test_split_is_evaluated_once_at_the_end_and_chooses_nothing(tmp_path, capsys):
     data = folder(tmp_path / "d")
     runs = {}

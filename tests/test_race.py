@@ -25,6 +25,7 @@ def test_race_on_a_device_that_is_not_there_is_one_line(tmp_path, capsys):
     assert rc == 2 and err.startswith("error: train.device='cuda:3'") and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_race_cli_end_to_end(tmp_path, capsys):
     out = tmp_path / "race"
     rc = main(["race", "--config", "digits-lenet", "--set", "data.batch_size=256", "--optimizers", "sgd", "adamw",
@@ -186,6 +187,7 @@ def test_a_racer_on_its_own_epoch_budget_anneals_over_it():
         run_race(cfg, train_ds, eval_ds, [keep(sgd, "sgd@0", 0)], [0], (0.999,), log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
     out = tmp_path / "race"
     rc = main(["race", "--config", "digits-lenet", "--set", "data.batch_size=256", "--optimizers", "sgd", "thor",
@@ -207,6 +209,7 @@ def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_race_trace_records_each_layers_last_update_and_plots_it(tmp_path, capsys):
     """race --trace: every epoch row holds the lr and, per Conv/Linear layer, |dW|/|W| of the epoch's last update
     and |W|; THOR's rows also damping x |W|^2. Re-derived here: the lr is the schedule's value at that update."""

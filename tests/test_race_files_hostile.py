@@ -69,6 +69,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_every_field_of_a_race_file_with_hostile_values(selection, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("torchboost.recipe.race.run_race", lambda *a, **k: (_ for _ in ()).throw(Raced()))
     monkeypatch.setattr(cli, "__name__", cli.__name__)  # run_race is imported inside the command

@@ -223,6 +223,7 @@ def test_final_accuracy_is_reported_and_says_when_budgets_match():
     assert final_note(summarize([lane(0, [0.5, 0.95], "")], (0.9,))).startswith("some runs stopped at the targets")
 
 
+@pytest.mark.slow
 def test_select_then_confirm_end_to_end(tmp_path, capsys):
     """A --holdout race never reads the test split; --frozen races only the chosen (lr, budget) per optimizer."""
     sel, conf = tmp_path / "sel", tmp_path / "conf"

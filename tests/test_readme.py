@@ -63,6 +63,7 @@ def run_example(epochs: int, seed: int) -> float:
 
 
 @pytest.mark.parametrize("seed", [1])
+@pytest.mark.slow
 def test_python_example_is_the_cli_job_written_out(seed, tmp_path, monkeypatch, capsys):
     """The same data, network, optimizer (the fused SGD kernel the CLI builds), schedule and seed as
     `torchboost train`: the same weights, so the same accuracy exactly, as the README says (3-epoch runs: the

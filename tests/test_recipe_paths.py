@@ -36,6 +36,7 @@ def test_thor_checkpoint_holds_thor_state_that_continues_the_run(tmp_path):
     assert thor["update"] == ckpt["global_step"] == 2 * 44
 
 
+@pytest.mark.slow
 def test_less_bn_boost_run_reloads_for_evaluation(tmp_path):
     """O1 on a BatchNorm ResNet removes BNs and swaps the head: evaluation must rebuild that structure."""
     run = _run(tmp_path / "o1", "train.epochs=1", "model.name=resnet18", "model.small_input=true",
@@ -49,6 +50,7 @@ def test_less_bn_boost_run_reloads_for_evaluation(tmp_path):
 
 
 @pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)])
+@pytest.mark.slow
 def test_first_order_optimizers_train_and_carry_the_config(tmp_path, name, cls):
     unset = ["optim.momentum=null"] if name == "adamw" else []  # the recipe's SGD momentum does not apply
     cfg = load_config("digits-lenet", [f"optim.name={name}", "optim.lr=0.002" if name == "adamw" else "optim.lr=0.05",
@@ -88,6 +90,7 @@ def test_thor_schedule_mode_follows_mindspores_formula():
 
 
 @pytest.mark.parametrize("suffix", [None, *all_suffixes()])
+@pytest.mark.slow
 def test_init_weights_starts_from_given_weights_only(tmp_path, suffix):
     """From a training checkpoint, or its weights in any registered format (torch names in every container)."""
     first = _run(tmp_path / "a", "train.epochs=1")

@@ -144,6 +144,7 @@ def resume(capsys, out: Path, *extra, epochs: int = 2, ckpt: str = "mnist_cnn-1_
 
 # --- resume, history, temp files ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_resume_mid_epoch_records_the_uninterrupted_history(tmp_path, capsys, monkeypatch):
     """A run interrupted in epoch 2 and resumed from its newest step checkpoint ends with the history rows
     (train_loss, train_top_1_accuracy, val_*) and the weights of the run that was never interrupted."""
@@ -185,6 +186,7 @@ def test_resume_mid_epoch_records_the_uninterrupted_history(tmp_path, capsys, mo
     assert temps(broken) == []
 
 
+@pytest.mark.slow
 def test_killed_between_the_epoch_checkpoint_and_the_history_write(tmp_path, capsys, monkeypatch):
     from torchboost.train.callbacks import ModelCheckpoint
 
@@ -229,6 +231,7 @@ def test_a_fresh_folder_holding_only_temp_files_of_a_killed_first_start(tmp_path
 
 @pytest.mark.parametrize("damage", [b'{"epoch": 2, "global_step": 88, "train_lo', b"\x00\xff\xfe binary junk\n",
                                     b'["not", "a", "row"]\n'], ids=["truncated", "binary", "not-a-row"])
+@pytest.mark.slow
 def test_damaged_history_is_set_aside_and_never_fatal(run_copy, capsys, damage):
     good = (run_copy / "history.jsonl").read_bytes()
     (run_copy / "history.jsonl").write_bytes(good + damage)
@@ -258,6 +261,7 @@ def test_a_folder_holding_only_checkpoints_is_refused(tmp_path, base_run, capsys
     one_line_error(code, err, "is not this run's but has the name its checkpoints take")
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys):
     """As documented in recipe/outputs.py: --overwrite removes the earlier run's files, checkpoints and
     TensorBoard/profiler folders; anything else in the folder (ckpt/ included) stays."""
@@ -276,6 +280,7 @@ def test_overwrite_replaces_the_runs_artifacts_and_nothing_else(run_copy, capsys
     assert [r["epoch"] for r in history_rows(run_copy)] == [1]
 
 
+@pytest.mark.slow
 def test_pruning_touches_only_this_runs_checkpoints(run_copy, capsys):
     """Foreign files, another prefix's checkpoints and an older run's checkpoints with this prefix (even one
     that sorts as the newest) survive keep_max=1 pruning of a resumed run; the run's own older file goes."""
@@ -458,6 +463,7 @@ def check_intact_and_resumable(capsys, out: Path, before: dict[str, bytes], targ
 
 
 @pytest.mark.parametrize("how,name,target", WRITE_SITES, ids=[f"{h}-{n}" for h, n, _ in WRITE_SITES])
+@pytest.mark.slow
 def test_disk_full_at_each_write_site_is_one_line_and_keeps_every_artifact(run_copy, capsys, monkeypatch, how,
                                                                           name, target):
     before = snapshot(run_copy)
@@ -489,6 +495,7 @@ def _arm_event_writes(monkeypatch, fail_from: int) -> None:
 
 
 @pytest.mark.parametrize("fail_from", [1, 3], ids=["first-write", "later-write"])
+@pytest.mark.slow
 def test_disk_full_writing_tensorboard_events_is_one_line(run_copy, capsys, monkeypatch, fail_from):
     before = snapshot(run_copy)
     with monkeypatch.context() as m:
@@ -503,6 +510,7 @@ def test_disk_full_writing_tensorboard_events_is_one_line(run_copy, capsys, monk
 @pytest.mark.parametrize("how,name,target", [("replace", "history.jsonl", "history.jsonl"),
                                               ("torch.save", "mnist_cnn-2_44.pt", "ckpt/mnist_cnn-2_44.pt"),
                                               ("replace", "config.yaml", "config.yaml")])
+@pytest.mark.slow
 def test_permission_errors_are_one_line(run_copy, capsys, monkeypatch, how, name, target, code_, reason):
     before = snapshot(run_copy)
     with monkeypatch.context() as m:
@@ -593,6 +601,7 @@ def _png16_folder(root: Path, classes: int = 3, per_class: int = 8) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_16_bit_png_folder_trains_on_rescaled_values(tmp_path, capsys):
     from PIL import Image
 
@@ -656,6 +665,7 @@ def test_num_classes_and_in_chans_that_contradict_the_data(tmp_path, capsys):
     one_line_error(code, err, "model.in_chans=3", "1 channel")
 
 
+@pytest.mark.slow
 def test_image_size_that_needs_a_huge_allocation(tmp_path, capsys):
     syn = ["--set", "data.dataset=synthetic"]
     code, _, err = train(capsys, tmp_path / "a", *syn, "--set", "data.image_size=30000")

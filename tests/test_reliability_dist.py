@@ -38,6 +38,7 @@ def _rank_with_its_own_overrides(out: str, overrides_by_rank: list[list[str]]) -
     ([["data.batch_size=32", "train.epochs=1"], ["data.batch_size=16", "train.epochs=2"]],
      ["data.batch_size", "train.epochs"]),
 ], ids=["batch_size", "epochs", "both"])
+@pytest.mark.slow
 def test_ranks_that_disagree_stop_together_naming_the_keys(tmp_path: Path, overrides, keys):
     out = tmp_path / "run"
     # together, within 120 s: no rank waits for a collective until a timeout (launch kills both past it and
@@ -55,6 +56,7 @@ def test_ranks_that_disagree_stop_together_naming_the_keys(tmp_path: Path, overr
     assert not (out / "ckpt").exists() and not (out / "config.yaml").exists() and not (out / "history.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_ranks_that_agree_train(tmp_path: Path):
     out = tmp_path / "run"
     results = launch(_rank_with_its_own_overrides, 2, str(out), [["data.batch_size=64"], ["data.batch_size=64"]],

@@ -209,6 +209,7 @@ def digits(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_export_shards_holds_the_folders_files_byte_for_byte(digits, tmp_path):
     index = read_index(digits / "shards")
     for split in ("train", "test"):
@@ -416,6 +417,7 @@ def _rank(folder: str) -> dict:
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_two_gloo_processes_take_equal_steps_on_uneven_shards_and_evaluate_every_image_once(tmp_path):
     from torchboost.distributed import launch
     from torchboost.recipe.load import load_config
@@ -442,6 +444,7 @@ def _batches(folder: Path, workers: int) -> list:
     return list(loader)
 
 
+@pytest.mark.slow
 def test_reading_by_offsets_gives_what_reading_headers_gives(digits, tmp_path):
     import shutil
 

@@ -134,6 +134,7 @@ def test_diagnose_names_the_slower_side():
     assert "loading runs between steps" in advice
 
 
+@pytest.mark.slow
 def test_bench_reads_small_images_as_train_does(tmp_path):
     """28-px grayscale PNGs with a ResNet: native size, 1 channel, the small-input stem and the +-2 px shift a
     run would use — not 224-px ImageNet crops (minutes per step on such data)."""

@@ -52,6 +52,7 @@ def artifact_dir(run) -> Path:
     return Path(url2pathname(urlparse(run.info.artifact_uri).path))
 
 
+@pytest.mark.slow
 def test_a_resumed_training_continues_its_mlflow_run_inside_the_run_folder(tmp_path, monkeypatch, one_thread):
     from torchboost.plotting import pyplot
 
@@ -120,6 +121,7 @@ def tiny_run(out: Path, epochs: int, resume: Path | None = None, *extra: Callbac
     return logger
 
 
+@pytest.mark.slow
 def test_an_epoch_lost_to_a_kill_is_logged_at_resume_and_a_rerun_epoch_adds_a_point(tmp_path, one_thread):
     out = tmp_path / "run"
     long = "x" * 7000
@@ -215,6 +217,7 @@ CI_VARS = ("PYTEST_CURRENT_TEST", "GITHUB_ACTIONS", "CI", "CIRCLECI", "GITLAB_CI
            "DO_NOT_TRACK", "XDG_CONFIG_HOME")
 
 
+@pytest.mark.slow
 def test_a_default_run_imports_no_mlflow_and_the_logger_writes_nothing_in_home(tmp_path):
     """In a fresh interpreter outside pytest's and CI's variables (MLflow turns its telemetry off by itself there,
     which would make this pass for the wrong reason): building the default callbacks imports no mlflow; a logging
@@ -245,6 +248,7 @@ def test_a_default_run_imports_no_mlflow_and_the_logger_writes_nothing_in_home(t
 
 @pytest.mark.parametrize("uri", ["sqlite:///{outside}/mlflow.db", "{outside}/mlruns", "http://user:pw@127.0.0.1:9/api",
                                  "file:///{outside}/" + "a" * 300 + "\nerror: forged"])
+@pytest.mark.slow
 def test_no_store_a_resumed_file_names_is_touched(tmp_path, monkeypatch, one_thread, capsys, uri):
     """The generator over store URIs saved in a checkpoint (local paths, files, loopback servers with and without
     credentials, a hosted scheme, long and control-character names): every resume logs to the run's own store

@@ -25,6 +25,7 @@ def _final_weights(out: Path, prefix="mnist_cnn") -> dict:
     return load_checkpoint(list_checkpoints(out / "ckpt", prefix)[-1])["model"]
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path):
     straight = train_from_config(_cfg(tmp_path / "a", "train.epochs=4"))
     first = train_from_config(_cfg(tmp_path / "b", "train.epochs=2"))
@@ -93,6 +94,7 @@ def test_errors_are_one_line(tmp_path, capsys):
     _error_line(capsys, ["train", "--set", "data.dataset=folder", "--data", str(empty)])
 
 
+@pytest.mark.slow
 def test_corrupt_image_and_wrong_checkpoint(tmp_path, capsys):
     from PIL import Image
 

@@ -241,6 +241,7 @@ def test_disk_full_writing_tensorboard_events_raises_in_the_training_thread(tmp_
     assert [e.step for e in ea.Scalars("train/loss")] == [1, 2]  # epoch 1's events are intact
 
 
+@pytest.mark.slow
 def test_cli_reports_a_full_disk_in_one_line_and_exits_2(tmp_path, monkeypatch, capsys):
     from torchboost.cli import main
 

@@ -41,6 +41,7 @@ def fresh_model(seed):
     return tiny_model(seed=seed, dropout=0.3, compute_accuracy=True)  # dropout: the RNG state matters too
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path, one_thread):
     a, b = tmp_path / "a", tmp_path / "b"
     train, test = loaders()
@@ -75,6 +76,7 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path, one_thread):
         assert float(ms) * float(ips) == pytest.approx(1000 * BATCH, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_pruning_keeps_foreign_files_and_takes_over_the_resumed_runs_list(tmp_path, one_thread):
     out = tmp_path / "run"
     (out / "ckpt").mkdir(parents=True)
@@ -152,6 +154,7 @@ class KilledAfterEpoch(Callback):
         raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_a_kill_between_the_epoch_checkpoint_and_the_history_row_loses_no_row(tmp_path, one_thread):
     a, b = tmp_path / "a", tmp_path / "b"
     train, test = loaders()

@@ -45,6 +45,7 @@ def run(data, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_eval_reads_the_split_it_names_and_says_which_folder(run, data, tmp_path, capsys):
     ckpt = str(run / "ckpt/resnet20-best.pt")
     capsys.readouterr()
@@ -128,6 +129,7 @@ def test_export_shards_owns_its_folder_like_a_run(data, tmp_path, capsys):
     assert "holds shard files but no _info.json" in err and (out / "train-000000.tar").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_whether_a_checkpoint_exists(run, data, tmp_path, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -173,6 +175,7 @@ def test_resume_prints_only_what_really_changed(run, data, capsys, monkeypatch):
     assert capsys.readouterr().out.startswith("resume: train.epochs 1 -> 2 (forced)\nname:")
 
 
+@pytest.mark.slow
 def test_a_moved_data_set_resumes_when_its_classes_match(run, data, tmp_path, capsys):
     moved, copy = tmp_path / "moved", tmp_path / "copy"
     shutil.copytree(data, moved)

@@ -129,6 +129,7 @@ def test_a_command_is_honoured_only_from_the_user():
 # --- 2. no write or delete through a link out of the run ----------------------------------------------------
 
 @pytest.mark.parametrize("link", ["ckpt", "tensorboard", "log", "config.yaml", "history.jsonl", ".lock"])
+@pytest.mark.slow
 def test_a_fresh_run_never_writes_through_a_link(link, tmp_path):
     outside = tmp_path / "outside"
     (outside / "d").mkdir(parents=True)
@@ -144,6 +145,7 @@ def test_a_fresh_run_never_writes_through_a_link(link, tmp_path):
     assert tree_digest(outside) == before
 
 
+@pytest.mark.slow
 def test_overwrite_and_resume_never_touch_another_run_through_a_linked_ckpt(trained, tmp_path):
     import shutil
 
@@ -249,6 +251,7 @@ PATTERN_PARTS = st.sampled_from(["a", "0", "-", ".", ",", "{", "}", "..", "\\", 
 
 @settings(max_examples=150)  # 300 took 21 s
 @given(st.lists(PATTERN_PARTS, max_size=8).map("".join))
+@pytest.mark.slow
 def test_the_count_is_the_number_of_names_braceexpand_makes(pattern):
     """The names are counted by braceexpand's own grammar: for every pattern the count equals the expansion."""
     from braceexpand import UnbalancedBracesError, braceexpand
@@ -306,6 +309,7 @@ def _starvation_garbage(state):
     ({"epoch_elapsed_s": float("nan")}, "elapsed"), ({"classes": ["0"] * 10}, "class names"),
     ({"classes": "0123456789"}, "class names"),
 ])
+@pytest.mark.slow
 def test_saved_state_is_validated_before_a_resume(changes, words, trained, tmp_path):
     ckpt = tampered(trained, tmp_path, **changes)
     err = refused("train", *FAST, "--epochs", 2, "--force", "--resume", ckpt)
@@ -387,6 +391,7 @@ def test_error_messages_are_one_line_whatever_the_names():
     assert printable("naïve 名前") == "naïve 名前"  # printable text of any script is left alone
 
 
+@pytest.mark.slow
 def test_the_environment_cannot_break_the_plots(tmp_path, monkeypatch):
     """MPLBACKEND naming a backend matplotlib does not know (or a GUI one) failed the run after its first
     epoch with a traceback; the tool only writes PNGs, on the file-only backend."""

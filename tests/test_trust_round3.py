@@ -35,6 +35,7 @@ def digits_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("command", ["diff-config", "export", "convert"])
+@pytest.mark.slow
 def test_no_writer_renames_over_a_fifo_or_a_link(digits_run, tmp_path, capsys, command):
     ckpt = digits_run / "ckpt" / "mnist_cnn-best.pt"
     name = {"diff-config": "d.json", "export": "m.onnx", "convert": "w.safetensors"}[command]
@@ -127,6 +128,7 @@ def test_a_race_time_budget_must_be_a_positive_number(capsys, value):
     assert "is not a finite number > 0" in one_error(capsys, main(["race", "--time-budget", value]))
 
 
+@pytest.mark.slow
 def test_a_closed_tracking_port_fails_in_seconds_with_its_cause(tmp_path, capsys):
     pytest.importorskip("mlflow")
     with within(60, "a train against a closed tracking port"):  # MLflow's own defaults retried for minutes
@@ -137,6 +139,7 @@ def test_a_closed_tracking_port_fails_in_seconds_with_its_cause(tmp_path, capsys
     assert "Connection refused" in err and "no checkpoint was written yet" in err and "intact" not in err
 
 
+@pytest.mark.slow
 def test_a_plain_train_writes_nothing_under_home_or_tmpdir(tmp_path):
     """matplotlib's font cache goes under the run (OUTPUT/.cache), not ~/.cache or ~/.matplotlib; nothing
     lands in $TMPDIR. A fresh process: matplotlib settles its folders at its first import."""

@@ -23,6 +23,7 @@ def test_flip_tta_is_the_mean_of_the_image_and_its_mirror_in_float64():
         with_tta(net, "crop")
 
 
+@pytest.mark.slow
 def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsys):
     import json
 

@@ -83,6 +83,7 @@ def test_every_optimizer_keeps_the_pinned_norms_and_decays_only_the_rest(name):
     assert any(id(w) not in ids for w in pinned) is False and any(torch.any(w.grad != 0) for w in pinned)
 
 
+@pytest.mark.slow
 def test_the_recipe_pins_for_any_optimizer_and_resumes(tmp_path):
     from torchboost.cli import main
 
