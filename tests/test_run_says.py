@@ -125,6 +125,20 @@ def test_init_weights_of_a_checkpoint_trains_its_network_when_no_model_is_chosen
     assert "training mnist_cnn (3 classes, 1 channel(s), 28×28 px input)" in said
 
 
+def test_a_recipe_for_idx_files_trains_on_an_image_folder_in_one_step(tmp_path, capsys):
+    """Issue 55: `-c fashion10k-lenet-thor --data DIR` needed data.dataset=folder and data.train_subset=null, one
+    error at a time; its 10,000-image subset is that set's, dropped with a note."""
+    from test_zoo_generator import make_colours
+
+    assert main(["train", "-c", "fashion10k-lenet-thor", "--data", str(make_colours(tmp_path / "d")), "--epochs", "1",
+                 "-o", str(tmp_path / "run"), *QUIET]) == 0
+    said = capsys.readouterr().out
+    assert ("training on that image folder (data.dataset=folder) instead of the recipe's fashion_mnist (its "
+            "data.train_subset=10000 dropped: that set's)") in said
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["name"] == "fashion10k-lenet-thor" and cfg["data"]["train_subset"] is None  # a recipe keeps its name
+
+
 @pytest.mark.parametrize("results, steps, says", [
     ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
     ({"val_loss": float("nan")}, 40, "the loss diverged"),

@@ -21,6 +21,9 @@ from torchboost.recipe.validation import validate, validated
 from torchboost.train.checkpoint import torch_load
 
 
+SET_KEYS = ("train_subset",)  # a recipe's keys about its own data set, dropped when --data replaces it by a folder
+
+
 def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- recipe YAML <- overrides, then the one validation pass."""
     cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
@@ -31,7 +34,9 @@ def load_config(recipe: Optional[str] = None, overrides: Sequence[str] = ()) -> 
 def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Optional[str], choose_model: bool = False
                      ) -> tuple[Config, list[str], Optional[str]]:
     """(the config of `recipe` + `overrides` with what `--data FOLDER` means applied: data.path, and when the
-    recipe's data set is built in and reads no path also data.dataset=folder, "this image folder instead";
+    recipe's data set is built in and reads no path, or FOLDER is an image folder (FOLDER/train/) and the recipe's
+    set is stored otherwise (IDX files), also data.dataset=folder, "this image folder instead", with the recipe's
+    keys about its own set (`SET_KEYS`) dropped unless the overrides set them;
     the overrides including those, for applying to a run's saved config; the note saying so, or None).
     With `choose_model` (the user named no recipe) and no model.name override, the model is chosen from a
     sample of the images (`model_for_data`) and the note says which and why; with `choose_model`, the model's
@@ -42,14 +47,20 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     if not data:
         return cfg, overrides, None
     extra = [f"data.path={data}"]
-    replaced = not get_kind(cfg.data.dataset).needs_path
+    kind, given = get_kind(cfg.data.dataset), {o.partition("=")[0].strip() for o in overrides}
+    # an image folder (DIR/train/<class>/) given to a recipe whose set is built in or stored otherwise (IDX files)
+    replaced = not kind.needs_path or (not kind.folder and not kind.streamed and (Path(data) / "train").is_dir())
     if replaced:
         note = (f"note: --data {data}: training on that image folder (data.dataset={FOLDER}) instead of the "
-                f"recipe's built-in {cfg.data.dataset}")
+                f"recipe's {'built-in ' if not kind.needs_path else ''}{cfg.data.dataset}")
         extra.insert(0, f"data.dataset={FOLDER}")
+        dropped = [f"data.{k}" for k in SET_KEYS if getattr(cfg.data, k) is not None and f"data.{k}" not in given]
+        extra += [f"{k}=null" for k in dropped]
+        if dropped:
+            note += f" (its {', '.join(f'{k}={getattr(cfg.data, k[5:])}' for k in dropped)} dropped: that set's)"
     for item in extra:
         merge(cfg, parse_override(item))
-    if choose_model and not any(o.partition("=")[0].strip() == "model.name" for o in overrides):
+    if choose_model and "model.name" not in given:
         chosen = checkpoint_input(cfg.train.init_weights)
         if chosen is None:
             name, why = model_for_data(cfg.data)
@@ -69,7 +80,7 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     if defaults:
         note = (note + "; " if note else f"note: --data {data}: ") + \
             f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set)"
-    if replaced and not any(o.partition("=")[0].strip() == "name" for o in overrides):
+    if replaced and choose_model and "name" not in given:
         name = run_name(cfg.model.name, data)  # not the recipe's job any more: runs/NAME, the MLflow experiment
         merge(cfg, parse_override(f"name={name}"))
         extra.append(f"name={name}")
