@@ -140,14 +140,16 @@ def one_line(code: int, out: str, err: str) -> str:
 
 # 2. Numbers that are numbers (the ONNX graphs and metadata: tests/test_onnx_hostile.py's HOSTILE table).
 def test_a_pt_whose_weights_are_nan_is_one_line_never_a_probability(made, tmp_path):
-    """Measured: predict's exit code and output for a training checkpoint whose weights are all NaN (it printed
-    'nan' probabilities with exit 0)."""
+    """Measured: predict's and eval's exit code and output for a training checkpoint whose weights are all NaN
+    (predict printed 'nan' probabilities with exit 0)."""
     ckpt = torch.load(made["ckpt"], weights_only=True)
     ckpt["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                      for k, v in ckpt["model"].items()}
     torch.save(ckpt, tmp_path / "nan.pt")
     err = one_line(*cli("predict", "--checkpoint", tmp_path / "nan.pt", made["img"]))
     assert "not a finite number" in err and "nan.pt" in err and "img.png" in err
+    err = one_line(*cli("eval", "--checkpoint", tmp_path / "nan.pt"))  # its top-1 was class 0's share
+    assert "not a finite number" in err and "nan.pt" in err
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.int64])

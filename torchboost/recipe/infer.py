@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from torchboost.boost import resolve_boost, transform_model
@@ -133,6 +134,9 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optio
     loader = build_loader(ds, data.eval_batch_size, False, workers=data.workers)
     tally = ClassTally(cfg.model.num_classes)
     result = model.eval(loader, tally=tally)
+    if not np.isfinite(tally.prob).all():  # NaN logits: argmax says class 0, an accuracy of nothing
+        raise CheckpointError(f"{printable(path)} gave an output that is not a finite number (NaN or infinity) on "
+                              f"{split_source(data, name, exact)}", "check the model: its weights make no prediction")
     report = per_class_report(tally, list(ds.classes), folder_files(ds, loader_skipped(loader)))
     return {**result, "data": split_source(data, name, exact), "per_class": report}
 
