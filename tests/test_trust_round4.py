@@ -257,6 +257,14 @@ def test_class_folders_whose_names_are_not_utf8_train_and_report(tmp_path, capsy
     assert sorted(r[0] for r in rows[1:]) == ["'=cmd", "\\udcff\\udcfebad", "ok\\x1b[2J\\r"]
 
 
+def test_convert_prints_its_output_path_escaped(made, tmp_path):
+    """Measured: convert's stdout when the output path holds ESC and a line break (printed raw before)."""
+    target = tmp_path / "w\x1b[2J\nerror: forged.safetensors"
+    code, out, err = cli("convert", made["ckpt"], target)
+    assert code == 0 and target.is_file(), err
+    assert "\x1b" not in out and "w\\x1b[2J\\nerror: forged.safetensors" in out
+
+
 # 4. Nothing lost to a report.
 def test_a_picture_that_cannot_be_drawn_is_one_warning_line(made, tmp_path, monkeypatch, capsys):
     """Measured: eval --out's exit code, its stderr and files when drawing confusion.png raises."""
