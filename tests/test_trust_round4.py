@@ -126,8 +126,9 @@ def test_no_subcommand_leaves_anything_in_home_tmpdir_xdg_or_the_working_folder(
     runs = [([str(a) for a in argv], code) for argv, code in commands(made, tmp_path / "out")]
     assert {argv[0] for argv, _ in runs} >= {"train", "eval", "predict", "export", "race", "lr-find", "convert",
                                              "align", "diff-config", "debug-layers", "bench", "export-shards"}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(runs), json.dumps([str(p) for p in places.values()])],
-                          cwd=places["CWD"], env=env, capture_output=True, text=True, timeout=540)
+    watched = json.dumps([str(p) for p in places.values()])
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(runs), watched], cwd=places["CWD"], env=env,
+                          capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -414,7 +415,8 @@ def test_diff_config_shows_saved_values_unvalidated_but_escaped(made, tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["train", "--epochs", "٣"], ["train", "--set", "train.epochs=٣"], ["train", "--set", "optim.lr=٠.١"],
-    ["train", "--lr", "٠.١"], ["train", "-b", "٦٤"], ["train", "--set", "data.mean=[٠.٥]", "--set", "data.std=[1]"],
+    ["train", "--lr", "٠.١"], ["train", "-b", "٦٤"],
+    ["train", "--set", "data.mean=[٠.٥]", "--set", "data.std=[1]"],
     ["race", "--optimizers", "sgd", "--lr", "sgd=٠.١"], ["race", "--optimizers", "sgd", "--budget", "sgd=²"],
     ["race", "--optimizers", "sgd@²"], ["race", "--seeds", "٣"],
 ], ids=lambda a: " ".join(a))

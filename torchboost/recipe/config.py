@@ -73,11 +73,11 @@ class DataConfig:
     pin_memory: bool = option(False, help="page-locked batches for faster copies to a GPU")
     skip_corrupt: bool = option(False, help="leave out images that cannot be decoded (and say how many) "
                                             "instead of stopping")
-    mean: Optional[list[float]] = option(None, ge=MEAN_RANGE[0], le=MEAN_RANGE[1], help="per-channel normalisation mean; unset: a "
-                                         "built-in set's own, ImageNet's for 3-channel folders and shards, 0.5 for "
-                                         "1-channel ones")
-    std: Optional[list[float]] = option(None, ge=STD_RANGE[0], le=STD_RANGE[1], help="per-channel normalisation std (pixels on "
-                                                                     "[0, 1]); unset: as mean")
+    mean: Optional[list[float]] = option(None, ge=MEAN_RANGE[0], le=MEAN_RANGE[1],
+                                         help="per-channel normalisation mean; unset: a built-in set's own, "
+                                              "ImageNet's for 3-channel folders and shards, 0.5 for 1-channel ones")
+    std: Optional[list[float]] = option(None, ge=STD_RANGE[0], le=STD_RANGE[1],
+                                        help="per-channel normalisation std (pixels on [0, 1]); unset: as mean")
     crop_pct: Optional[float] = option(None, gt=0, le=1, help="evaluation centre crop: resize the shorter side "
                                        "to image_size / crop_pct, then crop; unset: 1.0 (the whole image, never "
                                        "zoomed) where training sees whole images (in-memory sets, the shift "

@@ -42,7 +42,8 @@ def per_class_report(tally: ClassTally, classes: Sequence[str], files: Optional[
         "macro_f1": sum(s.f1 for s in scores) / max(len(scores), 1),
         "confusion": tally.confusion().tolist() if len(classes) <= MATRIX_CLASSES else None,
         "top_confusions": None if len(classes) <= MATRIX_CLASSES else [
-            {"true": classes[t], "predicted": classes[p], "count": n} for t, p, n in tally.confused_pairs(TOP_CONFUSIONS)],
+            {"true": classes[t], "predicted": classes[p], "count": n}
+            for t, p, n in tally.confused_pairs(TOP_CONFUSIONS)],
         "confused_pairs": [{"true": classes[t], "predicted": classes[p], "count": n, "examples": examples(t, p)}
                            for t, p, n in tally.confused_pairs(PAIRS)],
         "worst": [{"file": files[i] if named else None, "index": i, "true": classes[t], "predicted": classes[p],

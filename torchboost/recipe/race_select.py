@@ -97,8 +97,10 @@ def check_race_schema(data: dict, source: str) -> None:
             continue
         if not (type(value) is kind if kind is not float else type(value) in (int, float)):
             raise bad(f"settings.{key} is not {'a number' if kind is float else kind.__name__}")
-        if kind is str and len(value) > MAX_TEXT or kind is float and not (in_float_range(value) and 0 <= value <= 2**53):
-            raise bad(f"settings.{key} is {'longer than any a race writes' if kind is str else 'out of range'}")
+        if kind is str and len(value) > MAX_TEXT:
+            raise bad(f"settings.{key} is longer than any a race writes")
+        if kind is float and not (in_float_range(value) and 0 <= value <= 2**53):
+            raise bad(f"settings.{key} is out of range")
     for key in ("overrides", "pooled"):
         if not all(isinstance(o, str) and len(o) <= MAX_TEXT for o in settings.get(key) or []):
             raise bad(f"settings.{key} is not a list of texts")

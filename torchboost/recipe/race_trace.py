@@ -66,7 +66,8 @@ def trace_figure_path(lanes: Sequence, summary: dict, path: Path) -> Path:
         for ax, (title, key, log) in zip(axes.flat, panels):
             ys = [h["lr"] if key is None else _median(list(h["layers"].values()), key) for h in hist]
             if any(y == y for y in ys):  # skip a racer with no such value (NaN everywhere)
-                ax.plot(epochs, ys, marker="o", ms=3, color=colors[i % len(colors)], label=plot_label(f"{name} @ {row['lr']:g}"))
+                ax.plot(epochs, ys, marker="o", ms=3, color=colors[i % len(colors)],
+                        label=plot_label(f"{name} @ {row['lr']:g}"))
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("epoch")
             if log:

@@ -321,7 +321,7 @@ def load_model_state(model: nn.Module, state: dict, source: str = "checkpoint") 
         if _kind(state[name]) != _kind(tensor):  # load_state_dict would cast int8 or bool weights without a word
             raise CheckpointError(f"{source} tensor '{name}' holds {str(state[name].dtype).removeprefix('torch.')}, "
                                   f"the model's is {str(tensor.dtype).removeprefix('torch.')}",
-                                  "pass weights saved from this architecture (floating-point weights, in any precision)")
+                                  "pass weights saved from this architecture (floating point, in any precision)")
     extra = [k for k in state if k not in own]
     if extra:
         raise CheckpointError(f"{source} has unexpected tensor '{extra[0]}' ({len(extra)} extra)",
