@@ -139,6 +139,23 @@ def test_a_recipe_for_idx_files_trains_on_an_image_folder_in_one_step(tmp_path, 
     assert cfg["name"] == "fashion10k-lenet-thor" and cfg["data"]["train_subset"] is None  # a recipe keeps its name
 
 
+def test_photos_between_65_and_223_px_train_at_their_native_size(tmp_path):
+    """Issue 55: 100 px photos trained upscaled to 224 (15 s a step on one thread)."""
+    from test_zoo_generator import make_colours
+
+    from torchboost.recipe.load import load_resolved, recipe_with_data
+
+    data = make_colours(tmp_path / "d", size=100, train=2, val=1)
+    built, _, note = recipe_with_data("mnist-lenet", [], str(data), choose_model=True)
+    assert "the sampled images reach 100 px, 3 channel(s) (0 grey / 6 colour sampled): resnet18 at 100 px, their " \
+           "native size" in note
+    cfg, _, _ = load_resolved(built=built)
+    assert (cfg.model.name, cfg.data.image_size, cfg.model.small_input, cfg.data.crop_pct) == ("resnet18", 100, False, 1.0)
+    for model in ("mobilenet_v3_small", "convnext_tiny"):  # a chosen model: the same size
+        built, _, _ = recipe_with_data("mnist-lenet", [f"model.name={model}"], str(data), choose_model=True)
+        assert load_resolved(built=built)[0].data.image_size == 100
+
+
 @pytest.mark.parametrize("results, steps, says", [
     ({"val_loss": 7.7e6}, 40, "the loss diverged (validation loss 7.7e+06): lower the lr (--lr 0.005)"),
     ({"val_loss": float("nan")}, 40, "the loss diverged"),

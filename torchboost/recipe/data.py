@@ -27,7 +27,7 @@ from torchboost.train.device import resolve_device
 # Folder and synthetic image size when data.image_size is not set: what each model is designed for.
 DEFAULT_SIZE = {"mnist_cnn": 28}
 FOLDER_SIZE = 224
-SMALL_IMAGE = 64  # folders of images this small train at their native size (a ResNet with its small_input stem)
+SMALL_IMAGE = 64  # images this small: a ResNet with its small_input stem, a shift augmentation (larger: native to 224)
 DEFAULT_STATS = {3: (IMAGENET_MEAN, IMAGENET_STD), 1: ((0.5,), (0.5,))}  # folders without data.mean
 
 
@@ -206,7 +206,7 @@ SMALL_MODEL, PHOTO_MODEL = "resnet20", "resnet18"  # what `train --data DIR` tra
 def model_for_data(cfg: DataConfig) -> tuple[str, str]:
     """(model name, why) for data a user brought without choosing a model: a sample of the training images
     decides. Small images (<= SMALL_IMAGE px): the CIFAR-style ResNet-20 at their native size; larger ones
-    (photos): ResNet-18 at FOLDER_SIZE px. Both have BatchNorm, which trains from the default recipe's lr
+    (photos): ResNet-18 at their native size up to FOLDER_SIZE px. Both have BatchNorm, which trains from the default recipe's lr
     on any image statistics (the MNIST CNN does not: at chance on small colour images)."""
     kind = get_kind(cfg.dataset)
     sample = kind.source.sample(cfg) if kind.source.sample else sample_folder(_split_dir(Path(cfg.path), "train"))
@@ -214,8 +214,9 @@ def model_for_data(cfg: DataConfig) -> tuple[str, str]:
     if sample.largest_side <= SMALL_IMAGE:
         return SMALL_MODEL, (f"the sampled images are at most {sample.largest_side} px, {colour}: {SMALL_MODEL}, "
                              f"a ResNet for small images, at their native {sample.largest_side} px")
-    return PHOTO_MODEL, (f"the sampled images reach {sample.largest_side} px, {colour}: {PHOTO_MODEL} at "
-                         f"{FOLDER_SIZE} px, the ImageNet input")
+    size = min(sample.largest_side, FOLDER_SIZE)
+    return PHOTO_MODEL, (f"the sampled images reach {sample.largest_side} px, {colour}: {PHOTO_MODEL} at {size} px, "
+                         + ("the ImageNet input" if size == FOLDER_SIZE else "their native size"))
 
 
 def small_stem(model_name: str, image_size: int | None) -> bool:
@@ -294,7 +295,8 @@ def train_classes(cfg: DataConfig) -> list[str]:
 def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path | None = None) -> DataConfig:
     """`cfg.data` with what a decoded-per-sample set leaves unset filled in from a sample of its training
     images (under `train_root`, default the train/ split of data.path) and the model: channels (the
-    majority), image size (small images keep their native size; larger ones what the model is built for),
+    majority), image size (images smaller than FOLDER_SIZE keep their native size, never upscaled; larger ones
+    what the model is built for),
     statistics, a small shift for small images with a ResNet, the augmentation `auto` stands for and where
     images are decoded (`resolve_decode`)."""
     d = cfg.data
@@ -310,7 +312,7 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
                 if sample.gray and sample.color:
                     log(f"note: sampled images are mixed ({sample.gray} grayscale, {sample.color} colour): training "
                         f"as {channels} channel(s), the majority; set data.channels=1 or 3 to choose")
-            if d.image_size is None and sample.largest_side <= SMALL_IMAGE:
+            if d.image_size is None and sample.largest_side < FOLDER_SIZE:
                 size = DEFAULT_SIZE.get(cfg.model.name, sample.largest_side)  # native: never blown up to 224
         d = dataclasses.replace(d, channels=channels, image_size=size)
         _, _, mean, std = folder_geometry(d)
