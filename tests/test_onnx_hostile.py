@@ -280,6 +280,7 @@ HOSTILE: dict[str, Callable[[], object]] = {
     "a metadata value over the cap": lambda: with_props(classes='["' + "c" * (1 << 22) + '"]'),
     "a class named with controls (and one missing)": lambda: with_props(classes='["cat\\nerror: forged"]'),
     "a std of 5e-324": lambda: with_props(std="[5e-324]"),
+    "an input of 4096 pixels a side": lambda: with_props(input_size="[1, 4096, 4096]", resize="4096"),
     "a mean of 1e300": lambda: with_props(mean="[1e300]"),
     "the classes key twice (the last reversed)": lambda: _twice("classes", '["dog", "cat"]'),
     # allowed ops whose outputs are no numbers: never printed as probabilities
@@ -440,6 +441,8 @@ def test_a_hostile_model_is_one_line(place, name):
         assert "not a finite number" in err and "model.onnx" in err and "img.png" in err
     if name in ("a std of 5e-324", "a mean of 1e300"):
         assert "outside [" in err
+    if name == "an input of 4096 pixels a side":
+        assert "as a checkpoint's data.image_size" in err
     if "twice" in name:
         assert "'classes' twice" in err
 

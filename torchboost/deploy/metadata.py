@@ -22,7 +22,8 @@ from torchboost.plaindata import in_float_range, json_int
 FORMAT = "torchboost-classifier/1"  # the value of the `format` key; changes when the meaning of a key does
 META_FILE = "torchboost.json"  # the extra file in TorchScript / ExportedProgram archives
 MAX_VALUE_CHARS = 1 << 22  # a metadata value (the class names of a 100k-class model fit)
-MAX_SIDE = 16384  # pixels: a larger input side is a corrupt value, not a model
+MAX_SIDE = 16384  # pixels: a larger resize is a corrupt value, not a model
+MAX_INPUT = 2048  # pixels per side of the network's input, for configs (data.image_size) and metadata alike
 # per-channel normalisation on [0, 1] pixels, bounded once for configs (data.mean / data.std) and metadata alike:
 # a std of 5e-324 divides a pixel into infinity
 MEAN_RANGE, STD_RANGE = (-1000.0, 1000.0), (1e-4, 1000.0)
@@ -93,9 +94,9 @@ class DeployInfo:
 
         c, h, w = _ints(value("input_size"), 3, bad, "input_size")
         resize = _ints([value("resize")], 1, bad, "resize")[0]
-        if c not in (1, 3) or h != w or not 0 < h <= resize <= MAX_SIDE:
+        if c not in (1, 3) or h != w or not 0 < h <= min(resize, MAX_INPUT):
             raise bad(f"metadata input_size {[c, h, w]} / resize {resize} is not 1 or 3 channels of a square "
-                      f"image no larger than the resize")
+                      f"image no larger than the resize and {MAX_INPUT} pixels (as a checkpoint's data.image_size)")
         mean, std = (_floats(value(k), c, bad, k) for k in ("mean", "std"))
         for key, values, (low, high) in (("mean", mean, MEAN_RANGE), ("std", std, STD_RANGE)):
             if not all(low <= v <= high for v in values):

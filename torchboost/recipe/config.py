@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from torchboost.deploy.metadata import MEAN_RANGE, STD_RANGE
+from torchboost.deploy.metadata import MAX_INPUT, MEAN_RANGE, STD_RANGE
 from torchboost.errors import ConfigError, suggest
 from torchboost.fileio import check_regular, read_regular
 from torchboost.models import list_models
@@ -63,7 +63,7 @@ class DataConfig:
     train_subset: Optional[int] = option(None, ge=1, le=2**31 - 1, help="train on this many images of the training "
                                          "split, stratified by class (the same number per class on a balanced set), "
                                          "drawn by a fixed seed that no run's seed changes; unset: all of them")
-    image_size: Optional[int] = option(None, ge=1, le=2048, help="side of the square network input; unset: "
+    image_size: Optional[int] = option(None, ge=1, le=MAX_INPUT, help="side of the square network input; unset: "
                                                                  "native size for small images, 224 for photos")
     channels: Optional[int] = option(None, choices=(1, 3), help="1 grayscale or 3 RGB; unset: what most sampled "
                                                                 "images are")
