@@ -72,9 +72,9 @@ CACHE_ENV = "TORCHBOOST_CACHE_DIR"  # where libraries' caches go (matplotlib's f
 
 def cache_dir(kind: str) -> Optional[Path]:
     """The folder for a library's cache of `kind`: under TORCHBOOST_CACHE_DIR when the user names one, else
-    under `.cache/` of the folder the tool is writing (the innermost `confine_writes` root); None when neither
-    else under the command's private temporary folder (`scratch`, removed when it ends); None when none of
-    these (the library's own default then). Never $HOME or $TMPDIR unasked."""
+    under `.cache/` of the folder the tool is writing (the innermost `confine_writes` root), else under the
+    command's private temporary folder (`scratch`, removed when it ends); None when none of these (the
+    library's own default then: library code outside a command). Never $HOME or $TMPDIR unasked."""
     named = os.environ.get(CACHE_ENV)
     if named:
         return Path(named) / kind
