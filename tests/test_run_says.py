@@ -246,3 +246,16 @@ def test_a_race_suggests_only_batches_its_network_can_take(model, images, advice
     assert advice in warning
     if model == "resnet20":
         assert all(f"-b {b} " not in warning for b in (2, 4, 8))
+
+
+def test_the_optimizer_guide_says_where_it_recommends_an_optimizer_that_it_cannot_be_resumed():
+    """Issue 55: the guide recommends SOAP, which `--resume` refuses; only the race guide said so."""
+    from torchboost.optim.registry import get_optimizer, list_optimizers
+
+    guide = (Path(__file__).parents[1] / "docs" / "guide" / "choose-optimizer.md").read_text()
+    table = [line for line in guide.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
+    for row in table:
+        name = row.split("|")[2].split("`")[1]
+        if name in list_optimizers() and not get_optimizer(name).resumable:
+            assert "cannot be resumed" in row, row
+    assert "SOAP's runs cannot be resumed" in guide and "train.init_weights" in guide
