@@ -281,6 +281,7 @@ HOSTILE: dict[str, Callable[[], object]] = {
     "a class named with controls (and one missing)": lambda: with_props(classes='["cat\\nerror: forged"]'),
     "a std of 5e-324": lambda: with_props(std="[5e-324]"),
     "an input of 4096 pixels a side": lambda: with_props(input_size="[1, 4096, 4096]", resize="4096"),
+    "a model name of 300 characters with ESC": lambda: with_props(model="m\x1b[2J" * 60),
     "a mean of 1e300": lambda: with_props(mean="[1e300]"),
     "the classes key twice (the last reversed)": lambda: _twice("classes", '["dog", "cat"]'),
     # allowed ops whose outputs are no numbers: never printed as probabilities

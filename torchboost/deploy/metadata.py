@@ -108,6 +108,9 @@ class DeployInfo:
             raise bad("metadata classes is not a list of distinct names of 1 to 255 bytes")
         if value("input_normalized") is not True:
             raise bad("metadata input_normalized is not true (this version exports normalised inputs only)")
+        for key, least in (("model", 1), ("torchboost_version", 0)):  # names, as model.name: short, one line
+            if not (least <= len(value(key)) <= 200 and value(key).isprintable()):
+                raise bad(f"metadata {key} is not a printable name of {least} to 200 characters")
         return cls(value("model"), tuple(classes), c, h, resize, mean, std, value("torchboost_version"))
 
 
