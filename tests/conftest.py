@@ -8,6 +8,7 @@ per worker is also what keeps N workers on N cores from oversubscribing them.
 """
 
 import os
+from pathlib import Path
 
 os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"  # before torch starts its thread pool
 
@@ -32,3 +33,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory) -> Path:
+    """One finished 1-epoch `train -c digits-lenet` run (no progress bar), trained once for the whole suite — once for
+    all pytest-xdist workers, under a file lock — for the checks that read a real run. Tests use a copy
+    (`shutil.copytree`): commands act on the folder they are given, and config.yaml still records where the original
+    was written, as a moved run's does."""
+    from filelock import FileLock
+
+    from torchboost.cli import main
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, not an older one's
+    out = shared / "digits-run"
+    with FileLock(str(shared / "digits-run.lock")):
+        if not (shared / "digits-run.done").exists():
+            assert main(["train", "-c", "digits-lenet", "--epochs", "1", "--set", "train.progress_bar=false",
+                         "-o", str(out)]) == 0
+            (shared / "digits-run.done").touch()
+    return out
+

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,11 +22,9 @@ FAST = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One short digits run shared by the commands that read a checkpoint."""
-    out = tmp_path_factory.mktemp("run")
-    assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-o", str(out), *FAST]) == 0
-    return out
+def run(digits_run, tmp_path_factory):
+    """The suite's one short digits run, copied for the commands that read a checkpoint."""
+    return Path(shutil.copytree(digits_run, tmp_path_factory.mktemp("run") / "run"))
 
 
 def test_version_and_recipes(capsys):

@@ -11,6 +11,7 @@ optimizer, output folder, data) ran for real. CI runs a fixed seed and example c
 
 from __future__ import annotations
 
+import shutil
 import argparse
 import contextlib
 import io
@@ -146,11 +147,10 @@ FLAG_TEXT = st.one_of(st.text(max_size=10), st.integers(min_value=-(2**66), max_
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, str]:
+def inputs(digits_run, tmp_path_factory) -> dict[str, str]:
     """A real checkpoint, an image and a folder for the subcommands that read files."""
     root = tmp_path_factory.mktemp("inputs")
-    assert main(["train", "--config", "digits-lenet", "--epochs", "1", "--set", "train.progress_bar=false",
-                 "-o", str(root / "run")]) == 0
+    shutil.copytree(digits_run, root / "run")
     (ckpt,) = (root / "run" / "ckpt").glob("mnist_cnn-1_*.pt")
     from PIL import Image
 
