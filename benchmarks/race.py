@@ -33,8 +33,8 @@ from torchboost.recipe.optimizers import race_policy, thor_per_update, typed_sec
 from torchboost.recipe.race import Racer, budget_racers, parse_lr_grids, run_race, variant_racer
 from torchboost.recipe.race_select import pooled_lanes
 from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_report import (format_markdown, format_report, headline, is_thor, plot,
-                                           summarize, write_results)
+from torchboost.recipe.race_plot import plot, write_results
+from torchboost.recipe.race_report import format_markdown, format_report, headline, is_thor, summarize
 from torchboost.train.device import device_name
 
 # The headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,

@@ -11,8 +11,8 @@ from torchboost.errors import ConfigError
 
 from torchboost.cli import main
 from torchboost.recipe.race import Lane, held_every_target, reached_at
-from torchboost.recipe.race_report import (median_curve, plot, race_figure, ratio_to_best_other, seed_tails,
-                                           summarize)
+from torchboost.recipe.race_plot import median_curve, plot, race_figure, seed_tails
+from torchboost.recipe.race_report import ratio_to_best_other, summarize
 from torchboost.recipe.race_select import pooled_lanes
 
 
@@ -101,9 +101,31 @@ def test_plot_median_runs_only_where_every_seed_runs_and_seeds_are_thin_beyond(t
     assert summary["targets"]["0.85"]["a"]["median_seconds"] == 5
     marks = [(list(l.get_xdata()), list(l.get_ydata())) for l in ax.get_lines() if l.get_marker() == "x"]
     assert marks == [([5], [0.85])]
-    assert "median over seeds while every seed runs" in ax.get_title() and "thin: single seeds" in ax.get_title()
+    assert "median over 3+ seeds while every seed runs" in ax.get_title() and "thin: single seeds" in ax.get_title()
     png = plot(lanes, summary, tmp_path / "race.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_seed_that_fell_back_to_chance_is_named_diverged_and_two_seeds_are_drawn_each(tmp_path):
+    """Issue 55: a seed that diverged to 10% (finite loss) read 'final 44.0% [10.0%, 78.0%]', stopped at 'epoch
+    budget', and two seeds drew a "median" neither followed. Now the run is 'diverged' (race.json's stopped), the
+    table's final names the seed, and two seeds are two lines, the diverged one's end named."""
+    from torchboost.recipe.race import fell_to_chance
+    from torchboost.recipe.race_report import format_report
+
+    assert fell_to_chance([{"val_top_1_accuracy": a} for a in (0.5, 0.7, 0.1)], 10)
+    assert not fell_to_chance([{"val_top_1_accuracy": a} for a in (0.2, 0.25, 0.12)], 10)  # never learned
+    assert not fell_to_chance([{"val_top_1_accuracy": a} for a in (0.5, 0.7, 0.2)], 10)  # still 10 points above
+    lanes = [lane("sgd", 0.05, 0, [0.5, 0.78], [1, 2]), lane("sgd", 0.05, 3, [0.5, 0.1], [1, 2])]
+    lanes[1].stopped = "diverged"
+    summary = summarize(lanes, (0.7,))
+    assert summary["final"]["sgd"]["diverged_seeds"] == [3]
+    report = format_report(summary, 1)
+    assert "44.0% [10.0%, 78.0%] seed 3 diverged" in report and "back at chance after learning" in report
+    ax = race_figure(lanes, summary).axes[0]
+    drawn = sorted(list(l.get_ydata()) for l in ax.get_lines() if l.get_marker() == ".")
+    assert drawn == [[0.5, 0.1], [0.5, 0.78]]  # each seed, no median of two
+    assert [t.get_text() for t in ax.texts if "diverged" in t.get_text()] == ["seed 3 diverged"]
 
 
 def test_a_target_counts_as_reached_only_when_held_at_the_next_evaluation():

@@ -208,15 +208,15 @@ def test_final_accuracy_is_reported_and_says_when_budgets_match():
     final = summarize([lane(0, [0.5, 0.9, 0.92]), lane(1, [0.5, 0.8, 0.94]), lane(2, [0.6, 0.7, 0.90])],
                       (0.9,))["final"]["sgd"]
     assert final == {"median": 0.92, "lowest": 0.90, "highest": 0.94, "epochs": 3, "whole_budget": True,
-                     "stopped": []}
+                     "stopped": [], "diverged_seeds": []}
     summary = summarize([lane(0, [0.5, 0.95], "reached and held every target")], (0.9,))
     assert summary["final"]["sgd"]["whole_budget"] is False
     assert final_note(summary) == "some runs stopped at the targets: pass --full-budget to compare at matched budgets"
     # a run that diverged under --full-budget: the note says so, and does not ask for the flag the race had
     summary = summarize([lane(0, [0.5, 0.9, 0.92]), lane(1, [0.6, 0.1], "diverged")], (0.9,))
     assert summary["final"]["sgd"]["stopped"] == ["diverged"]
-    assert final_note(summary) == ("some runs diverged: their final is the last evaluation before the loss turned "
-                                   "non-finite")
+    assert final_note(summary) == ("some runs diverged (a non-finite loss, or back at chance after learning): their "
+                                   "final is their last evaluation")
     assert "--full-budget" not in final_note(summary)
     assert "diverged" in fixed_targets_line(fixed_targets(summary))
     # a race file from before the reason was recorded: the old default
@@ -258,7 +258,10 @@ def test_a_pooled_report_records_every_seed_it_pooled(tmp_path, capsys):
     a = race_json(tmp_path / "a.json", first_seed=0, seeds=1, runs=[run("sgd", 0.1, 0, [0.5, 0.96])])
     b = race_json(tmp_path / "b.json", first_seed=4, seeds=1, runs=[run("sgd", 0.1, 4, [0.5, 0.97])])
     assert main(["race", "--report", str(a), str(b), "-o", str(tmp_path / "pooled")]) == 0
-    assert "sgd" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "sgd" in out  # and what was raced (issue 55): the file records no batch, and says so
+    assert "raced recipe r (overrides []): batch unrecorded, unrecorded updates/epoch, 2 epochs, seeds 0, 4 (2 file(s))" \
+        in out
     pooled = read_race(tmp_path / "pooled" / "race.json")
     assert (pooled["settings"]["first_seed"], pooled["settings"]["seeds"]) == (0, 5)
     with pytest.raises(ConfigError, match="--first-seed 5"):

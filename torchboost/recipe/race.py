@@ -191,6 +191,13 @@ def held_every_target(history: Sequence[dict], targets: Sequence[float]) -> bool
     return at is not None and at + 1 < len(history)
 
 
+def fell_to_chance(history: Sequence[dict], classes: int) -> bool:
+    """A run that learned (20 points above chance, 1/`classes`) and whose last evaluation is back within 5 points
+    of chance: it diverged with a finite loss (it named no cause before: its final read as an 'epoch budget' one)."""
+    accs = [r["val_top_1_accuracy"] for r in history]
+    return bool(accs) and max(accs) >= 1 / classes + 0.2 and accs[-1] <= 1 / classes + 0.05
+
+
 @dataclass
 class Lane:
     """One (racer, lr, seed) run in progress."""
@@ -335,6 +342,7 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
     for lane in lanes:
         lane.trace = trace and lane.optimizer is not None
     epochs = max(l.budget for l in lanes)
+    classes = cfg.model.num_classes  # resolved from the data (a config built in Python may leave it unset)
     order = 0  # global position of each trained epoch: the record of the interleaving
     for epoch in range(epochs):
         alive = [l for l in lanes if not l.stopped]
@@ -351,7 +359,7 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
             if lane.traced is not None:
                 lane.history[-1].update(lane.traced)
             order += 1
-            if not np.isfinite(loss):
+            if not np.isfinite(loss) or (classes and fell_to_chance(lane.history, classes)):
                 lane.stopped = "diverged"
             elif stop_at_targets and held_every_target(lane.history, targets):
                 lane.stopped = "reached and held every target"

@@ -2,27 +2,21 @@
 reached the target counting as infinity; reaching is the hold rule, `race.reached_at`), its hit rate k/n, ratios
 to the best other optimizer with a seed-paired bootstrap interval and the verdict it allows (faster only where
 the interval's upper bound is below 1), the final accuracy beside them, per-epoch cost relative to the first
-optimizer, JSON and a plot of validation accuracy against training seconds."""
+optimizer; the race's files and plot are `race_plot`'s."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from torchboost.errors import ConfigError, printable
-from torchboost.escape import plot_label
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
 from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
-from torchboost.fileio import atomic_path, atomic_write, confine_writes
-from torchboost.plotting import pyplot
-from torchboost.train.device import device_name
 from torchboost.recipe.racer_name import parse_racer
 
 
@@ -102,12 +96,13 @@ def _final(lanes: Sequence[Lane]) -> dict:
     why the others stopped (a race file without the reason: "")."""
     last = [l.history[-1] for l in lanes if l.history]
     stopped = sorted({l.stopped for l in lanes if l.stopped != "epoch budget"})
+    why = {"stopped": stopped, "diverged_seeds": sorted(l.seed for l in lanes if l.stopped == "diverged")}
     if not last:
         return {"median": math.nan, "lowest": math.nan, "highest": math.nan, "epochs": 0.0, "whole_budget": False,
-                "stopped": stopped}
+                **why}
     acc = [r["val_top_1_accuracy"] for r in last]
     return {"median": statistics.median(acc), "lowest": min(acc), "highest": max(acc),
-            "epochs": statistics.median(r["epoch"] for r in last), "whole_budget": not stopped, "stopped": stopped}
+            "epochs": statistics.median(r["epoch"] for r in last), "whole_budget": not stopped, **why}
 
 
 def is_thor(name: str) -> bool:
@@ -251,10 +246,11 @@ def fmt_final(f: dict) -> str:
 
 
 def fmt_final_range(f: dict) -> str:
-    """'98.8% [98.5, 99.0]': the median final accuracy and its range over seeds (the table's column)."""
-    if not math.isfinite(f["median"]):
-        return "none"
-    return f"{f['median']:.1%} [{f['lowest']:.1%}, {f['highest']:.1%}]"
+    """'98.8% [98.5, 99.0]': the median final accuracy and its range over seeds (the table's column), and the seeds
+    that diverged: '44.0% [10.0%, 78.0%] seed 3 diverged'."""
+    diverged = "".join(f" seed {s} diverged" for s in f.get("diverged_seeds", ()))
+    return ("none" if not math.isfinite(f["median"]) else f"{f['median']:.1%} [{f['lowest']:.1%}, {f['highest']:.1%}]") \
+        + diverged
 
 
 def final_note(summary: dict) -> str:
@@ -270,7 +266,8 @@ def final_note(summary: dict) -> str:
 STOP_NOTES = {
     "reached and held every target": "some runs stopped at the targets: pass --full-budget to compare at matched "
                                      "budgets",
-    "diverged": "some runs diverged: their final is the last evaluation before the loss turned non-finite",
+    "diverged": "some runs diverged (a non-finite loss, or back at chance after learning): their final is their last "
+                "evaluation",
     "time budget": "some runs stopped at --time-budget: their finals are after fewer epochs",
 }
 
@@ -307,94 +304,3 @@ def format_markdown(summary: dict) -> str:
              f"Final top-1 ({final_note(summary)}): " + "; ".join(
                  f"{name} {fmt_final(f)}" for name, f in summary.get("final", {}).items())]
     return "\n".join(rows)
-
-
-def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -> tuple[Path, Path]:
-    """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
-    runs = [{"optimizer": l.racer, "lr": l.lr, "seed": l.seed, "stopped": l.stopped, "history": l.history}
-            for l in lanes]
-    meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
-            "device": device_name(lanes[0].device) if lanes else "cpu"}
-    path = out / "race.json"
-    with confine_writes(out):  # race.json or race.png a link out of the race's folder: refused, not followed
-        atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,
-                                   default=lambda v: None))
-        return path, plot(lanes, summary, out / "race.png")
-
-
-def _histories(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[list[dict]], int]:
-    """The seeds' histories of `name` at `lr`, and how many evaluations every one of them ran (each seed
-    evaluates at the same epochs, so the i-th rows of all seeds belong together)."""
-    hist = [l.history for l in lanes if l.racer == name and l.lr == lr]
-    return hist, min((len(h) for h in hist), default=0)
-
-
-def median_curve(lanes: Sequence[Lane], name: str, lr: float) -> tuple[list[float], ...]:
-    """(seconds, accuracy, lowest, highest) of `name` at `lr` over the evaluations EVERY seed ran: medians over
-    the seeds of cumulative seconds and of validation top-1, and the accuracy's spread. It ends where the first
-    seed stopped: past that a "median" would be of the seeds still running (`seed_tails` draws those)."""
-    hist, shared = _histories(lanes, name, lr)
-    cols = [[h[i] for h in hist] for i in range(shared)]
-    accs = [[r["val_top_1_accuracy"] for r in c] for c in cols]
-    return ([statistics.median(r["seconds"] for r in c) for c in cols], [statistics.median(a) for a in accs],
-            [min(a) for a in accs], [max(a) for a in accs])
-
-
-def seed_tails(lanes: Sequence[Lane], name: str, lr: float) -> list[tuple[list[float], list[float]]]:
-    """(seconds, accuracy) of each seed that ran past the evaluations every seed ran, from the last shared one
-    on (so its line starts where the median line ends); none when every seed ran as long."""
-    hist, shared = _histories(lanes, name, lr)
-    start = max(shared - 1, 0)
-    return [([r["seconds"] for r in h[start:]], [r["val_top_1_accuracy"] for r in h[start:]])
-            for h in hist if len(h) > shared]
-
-
-FIGURE_TITLE = ("race: validation top-1 vs training seconds\nline: median over seeds while every seed runs "
-                "(min-max shaded); thin: single seeds after\nx: median time to target (reached and held at the "
-                "next evaluation)")
-
-
-def race_figure(lanes: Sequence[Lane], summary: dict):
-    """The race plot as a matplotlib Figure: validation top-1 vs training seconds, per optimizer at its chosen
-    lr the median over seeds where every seed still runs (their spread shaded), each seed a thin line beyond
-    that, the table's median time to each target it reached marked x; each target a dashed line. The y-axis
-    reaches down to the lowest point of any curve or spread: a racer that stays low is in the picture."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.8))
-    rows = next(iter(summary["targets"].values()))
-    lowest = min(float(t) for t in summary["targets"])
-    for name, row in rows.items():
-        xs, ys, lo, hi = median_curve(lanes, name, row["lr"])
-        line, = ax.plot(xs, ys, marker=".", label=plot_label(f"{name} (lr {row['lr']:g})"))
-        color = line.get_color()
-        ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
-        tails = seed_tails(lanes, name, row["lr"])
-        for tx, ty in tails:
-            ax.plot(tx, ty, color=color, lw=0.8, alpha=0.35)
-        for t, by_racer in summary["targets"].items():  # the table's own figure, where the table puts it
-            if math.isfinite(by_racer[name]["median_seconds"]):
-                ax.plot([by_racer[name]["median_seconds"]], [float(t)], "x", color=color, ms=7, mew=1.5)
-        lowest = min([lowest, *lo, *(y for _, ty in tails for y in ty)])
-    for t in summary["targets"]:
-        ax.axhline(float(t), color="grey", lw=0.6, ls="--")
-        ax.annotate(f"target {fmt_target(t)}", (0, float(t)), xycoords=("axes fraction", "data"), fontsize=7,
-                    color="grey", va="bottom")
-    ax.set_xlabel("training seconds")
-    ax.set_ylabel("validation top-1")
-    on = printable(summary.get("evaluated_on", "an unrecorded split"))[:90]
-    ax.set_title(f"{FIGURE_TITLE}\ntop-1 on {on}", fontsize=8)
-    ax.set_ylim(max(0.0, lowest - 0.03), 1.0)
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def plot(lanes: Sequence[Lane], summary: dict, path: Path) -> Path:
-    """`race_figure` saved as a PNG at `path`."""
-    fig = race_figure(lanes, summary)
-    plt = pyplot()
-
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")  # format: the temp name does not end in .png
-    plt.close(fig)
-    return path

@@ -7,19 +7,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from torchboost.errors import ConfigError, suggest
+from torchboost.errors import ConfigError, printable, suggest
 from torchboost.fileio import check_output_folder, confine_writes
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.data import split_source
 from torchboost.recipe.load import load_resolved, recipe_with_data
 from torchboost.recipe.optimizers import default_racers
-from torchboost.recipe.race import budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race, variant_racer
+from torchboost.recipe.race import (Lane, budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race,
+                                    variant_racer)
 from torchboost.recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
-from torchboost.recipe.race_report import format_report, headline, is_thor, summarize, write_results
+from torchboost.recipe.race_plot import write_results
+from torchboost.recipe.race_report import format_report, headline, is_thor, summarize
 from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, close_selection,
                                            confirmation_targets, finalists, frozen_racers, pooled_lanes,
                                            pooled_settings, raced_targets, read_race, selections)
@@ -180,6 +182,19 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
     return summary
 
 
+def raced_line(settings: dict, lanes: Sequence[Lane], files: Sequence[str]) -> str:
+    """What the saved races raced, from the first file's settings (names from files escaped): recipe and its
+    overrides, batch, updates an epoch, epochs and the seeds pooled."""
+    def said(key: str) -> str:
+        value = settings.get(key)
+        return "unrecorded" if value is None else printable(str(value))[:160]
+
+    seeds = sorted({l.seed for l in lanes})
+    return (f"raced recipe {said('recipe')} (overrides {said('overrides')}): batch {said('batch_size')}, "
+            f"{said('updates_per_epoch')} updates/epoch, {said('epochs')} epochs, seeds "
+            f"{', '.join(map(str, seeds)) or 'none'} ({len(files)} file(s))")
+
+
 def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
     """`race --report FILE...`: the table of saved races, pooled (`race_select.pooled_lanes`), without training;
     with `request.output` also the pooled race.json and race.png. Returns the pooled summary."""
@@ -192,6 +207,7 @@ def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dic
     targets = tuple(request.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
     on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
     summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}
+    log(raced_line(settings, lanes, request.report))
     log(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
     names = list(dict.fromkeys(l.racer for l in lanes))
     for name in names:
