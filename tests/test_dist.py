@@ -200,6 +200,7 @@ def _progress_bar_worker() -> str:
     return "made a progress bar"
 
 
+@pytest.mark.dist
 def test_a_launch_while_another_thread_holds_tqdms_lock_completes() -> None:
     """The stall seen once on a loaded machine: tqdm's monitor thread (alive in any process that has shown a progress
     bar, pytest's included) takes tqdm's lock every 10 s; a rank forked while it held it waited for that lock forever,
