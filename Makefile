@@ -18,8 +18,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/torchboost train
 
+# every core (pytest-xdist, pyproject's addopts), one thread each; the 20 slowest tests listed at the end
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
