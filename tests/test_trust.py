@@ -237,11 +237,12 @@ def test_a_torch_file_whose_records_inflate_is_refused_before_reading(trained, t
 
 
 def test_a_pattern_naming_a_billion_shards_is_refused_before_expanding():
-    with within(5), pytest.raises(DataError, match="names 1,000,000,000 shards"):
+    # bounds against a hang (expanding would never end), not speed claims: a loaded machine runs several times slower
+    with within(60), pytest.raises(DataError, match="names 1,000,000,000 shards"):
         expand_shards("train-{000000000..999999999}.tar")
-    with within(5), pytest.raises(DataError, match="names 1,000,000,000,000 shards"):
+    with within(60), pytest.raises(DataError, match="names 1,000,000,000,000 shards"):
         expand_shards("{0..999999}{0..999999}")
-    with within(5), pytest.raises(DataError, match="nests braces over 32 deep"):
+    with within(60), pytest.raises(DataError, match="nests braces over 32 deep"):
         expand_shards("{" * 40 + "a,b" + "}" * 40)
 
 
