@@ -23,7 +23,7 @@ from torchboost.recipe.validation import validate
 
 FIELDS = [f.name for f in dataclasses.fields(ThorOptions)]
 # a value of each removed option that is not what THOR does now (those are refused; the kept ones load)
-REMOVED_VALUES = dict(factor_interval=2, inv_interval=2, factor_decay=0.5, inverse_method="eigen",
+REMOVED_VALUES = dict(factor_interval=2, inv_interval=2, inverse_method="eigen",
                       trace_threshold=0.05, interval_growth=2, max_interval_mult=4, loss_reduction="sum",
                       max_damping_retries=5, kl_clip=0.001, max_dim=512, batchnorm="unit_wise", first_order_after=10,
                       first_order_epoch=3)
@@ -127,7 +127,7 @@ def test_a_removed_recipe_key_is_one_line_saying_so(key, capsys, tmp_path):
 def test_a_config_saved_before_the_removal_loads():
     """Saved configs write every key: a removed one holding what THOR does now is dropped, not refused."""
     saved = load_config("mnist-lenet-thor").to_dict()
-    saved["optim"]["thor"].update(factor_interval=None, inv_interval=None, factor_decay=None, inverse_method="cholesky",
+    saved["optim"]["thor"].update(factor_interval=None, inv_interval=None, inverse_method="cholesky",
                                   trace_threshold=None, interval_growth=1, max_interval_mult=8, loss_reduction="mean",
                                   max_damping_retries=3, kl_clip=None, max_dim=None, batchnorm="none",
                                   first_order_epoch=None)

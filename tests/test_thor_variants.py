@@ -214,8 +214,9 @@ def test_the_options_are_checked_and_refused_where_they_mean_nothing():
         with pytest.raises(ConfigError, match=message):
             check_thor_options(bad)
     with pytest.raises(ConfigError, match="damps the eigenvalues"):  # thor_ekfac sets ekfac_decay itself
-        build_optimizer("thor_ekfac", make_net(), OptimizerArgs(lr=0.1, options=ThorOptions(damping_mode="trace")))
+        build_optimizer("thor_ekfac", make_net(), OptimizerArgs(lr=0.1, options=ThorOptions(damping_mode="pi")))
     check_thor_options(dict(ekfac_decay=0.9, inverse_root=2, project_radial=True))
+    check_thor_options(dict(ekfac_decay=0.9, damping_mode="trace"))  # EKFAC's relative epsilon
 
 
 def test_each_option_is_a_racer_variant():

@@ -26,6 +26,7 @@ from torchboost.optim.groups import param_groups
 from torchboost.optim.muon import muon_optimizer
 from torchboost.optim.thor import THOR, thor_muon
 from torchboost.optim.thor.args import EKFAC_DECAY, ThorOptions
+from torchboost.optim.thor.soap import ThorSOAP
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,11 @@ def _thor_ekfac(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
     return _thor(model, a)
 
 
+def _thor_soap(model: nn.Module, a: OptimizerArgs) -> torch.optim.Optimizer:
+    return ThorSOAP(model, _groups(model, a), a.lr, a.options, momentum=a.momentum, weight_decay=a.weight_decay,
+                    accumulation_steps=a.accumulation_steps)
+
+
 def _thor_muon(model: nn.Module, a: OptimizerArgs, row_beta: float | None = None) -> torch.optim.Optimizer:
     return thor_muon(model, a.lr, a.options, momentum=a.momentum, weight_decay=a.weight_decay, nesterov=a.nesterov,
                      row_beta=row_beta, accumulation_steps=a.accumulation_steps)
@@ -203,6 +209,11 @@ register(OptimizerEntry("thor", "THOR: MindSpore's second-order optimizer (K-FAC
 register(OptimizerEntry("thor_ekfac", "eigenvalue-corrected THOR (EKFAC, George et al. 2018): the gradient in the "
                         "eigenbasis of THOR's factors divided by its running second moment, + momentum SGD (options: "
                         f"optim.thor; ekfac_decay unset: {EKFAC_DECAY})", _thor_ekfac, momentum=0.9, nesterov=False,
+                        decay_bn_and_bias=True, **THOR_OPTIONS))
+register(OptimizerEntry("thor_soap", "SOAP in the eigenbasis of THOR's factors: Adam's bias-corrected moments in "
+                        "the rotated basis, refreshed every optim.thor.frequency updates, decoupled weight decay "
+                        "(beta1: momentum; beta2: optim.thor.soap_beta2; epsilon: damping, relative with "
+                        "damping_mode trace)", _thor_soap, momentum=0.9, weight_decay_groups=True,
                         decay_bn_and_bias=True, **THOR_OPTIONS))
 register(OptimizerEntry("thor_muon", "Muon on THOR-preconditioned gradients (options: optim.thor)", _thor_muon,
                         momentum=0.95, nesterov=True, **THOR_OPTIONS))

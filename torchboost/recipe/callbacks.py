@@ -1,5 +1,5 @@
-"""Config -> the callbacks of a training run (monitors, checkpoints, and the loggers train.loggers names:
-TensorBoard, the history files, MLflow; profiling)."""
+"""Config -> the callbacks of a training run (monitors, THOR's health report, checkpoints, and the loggers
+train.loggers names: TensorBoard, the history files, MLflow; profiling)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeB
                                         ModelCheckpoint, ProgressBar, TensorBoard, TimeMonitor)
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
+from torchboost.train.thor_health import ThorHealthMonitor
 from torchboost.train.tracking import MLflowLogger, local_store, tracking_uri_from_env
 
 
@@ -30,7 +31,8 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
                               save_best=t.monitor if c.save_best else None)
     callbacks: list[Callback] = [ProgressBar(None if t.progress_bar else False),
                                  LossMonitor(t.log_every, show_accuracy=t.per_batch_accuracy), TimeMonitor(),
-                                 DataStarvationMonitor(loader=train_loader, decodes=not get_kind(cfg.data.dataset).in_memory)]
+                                 DataStarvationMonitor(loader=train_loader, decodes=not get_kind(cfg.data.dataset).in_memory),
+                                 ThorHealthMonitor(out)]  # silent unless the optimizer has THOR's factors
     if t.early_stopping_patience or t.restore_best:  # restore_best alone: patience None watches, never stops
         callbacks.append(EarlyStopping(monitor=t.monitor, patience=t.early_stopping_patience,
                                        restore_best=t.restore_best))

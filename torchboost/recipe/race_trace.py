@@ -1,7 +1,8 @@
 """`race --trace`: per layer and epoch, how big the last update of the epoch was against the weight
 (|dW| / |W|), |W|, the lr, and THOR's effective damping (damping x |W|^2: for a weight BatchNorm makes
-scale-invariant, K-FAC's damping acts like that; Zhang et al. 2019) — to tell whether an optimizer's late
-plateau is its step size (a relative step that does not fall with the lr) or its direction."""
+scale-invariant, K-FAC's damping acts like that; Zhang et al. 2019) and THOR's health report (whether each
+factor side and divisor acts) — to tell whether an optimizer's late plateau is its step size (a relative step
+that does not fall with the lr) or its direction."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from torchboost.escape import plot_label
 from torchboost.fileio import atomic_path
+from torchboost.optim.thor.health import health_rows, health_summary, thor_health
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol
 from torchboost.plotting import pyplot
 
@@ -25,7 +27,8 @@ def traced_weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def layer_trace(model: nn.Module, before: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> dict:
-    """{"lr", "layers": {name: {"rel_step", "norm", "damping_eff"?}}} for the update just taken from `before`."""
+    """{"lr", "layers": {name: {"rel_step", "norm", "damping_eff"?}}, "health"?, "health_summary"?} for the update
+    just taken from `before` (health: THOR's report, `optim.thor.health`)."""
     modules = dict(model.named_modules())
     damping = None
     if isinstance(optimizer, PreconditionedProtocol):  # the damping of the update just taken
@@ -38,7 +41,11 @@ def layer_trace(model: nn.Module, before: dict[str, torch.Tensor], optimizer: to
         if damping is not None:
             row["damping_eff"] = damping * norm**2
         layers[name] = row
-    return {"lr": float(optimizer.param_groups[0]["lr"]), "layers": layers}
+    row = {"lr": float(optimizer.param_groups[0]["lr"]), "layers": layers}
+    report = thor_health(optimizer)
+    if report:  # THOR's family: is each factor side and divisor acting (optim.thor.health)
+        row.update(health=health_rows(report), health_summary=health_summary(report))
+    return row
 
 
 def _median(rows: list[dict], key: str) -> float:

@@ -105,19 +105,29 @@ class ThorOptions:
                                                                  f"{EKFAC_DECAY})")
     damping_mode: str = option("absolute", choices=DAMPING_MODES,
                                help="how the damping reaches the factors A and G (conv: T positions per sample): "
-                                    "absolute = sqrt(damping/T) added to each; trace = damping x the factor's mean "
-                                    "eigenvalue tr(F)/dim added to each (scale-free: damping is then a fraction); "
-                                    "pi = Martens & Grosse's pi-damping, A + pi sqrt(damping/T), G + sqrt(damping/T) "
-                                    "/ pi with pi = sqrt((tr(A)/dim A) / (tr(G)/dim G)); not with ekfac_decay; "
-                                    "trace damps small factors far less, so without a graft its lr sits ~100x lower "
-                                    "(Fashion-MNIST CNN: 0.00128 vs 0.2; above 0.02 it diverged); "
-                                    "raced as a variant, thor[damping_mode=trace]")
+                                    "absolute = sqrt(damping/T) added to each (MindSpore's: not scale-aware, kept to "
+                                    "match it); trace = damping x the factor's mean eigenvalue tr(F)/dim added to each "
+                                    "(scale-free: damping is then a fraction); pi = Martens & Grosse's pi-damping, "
+                                    "A + pi sqrt(damping/T), G + sqrt(damping/T) / pi with pi = sqrt((tr(A)/dim A) / "
+                                    "(tr(G)/dim G)); with ekfac_decay the divisor's epsilon: absolute = damping, "
+                                    "trace = damping x the layer's mean second moment (pi: not with ekfac_decay); "
+                                    "under thor_soap Adam's epsilon: damping, or (trace) damping x the layer's mean "
+                                    "root second moment; trace damps small factors far less, so without a graft "
+                                    "its lr sits ~100x lower (Fashion-MNIST CNN: 0.00128 vs 0.2; above 0.02 it "
+                                    "diverged); raced as a variant, thor[damping_mode=trace]")
     inverse_root: int = option(1, choices=(1, 2),
                                help="the power of the damped factors THOR applies: 1 = A^-1 and G^-1 (the natural "
                                     "gradient); 2 = A^-1/2 and G^-1/2 (Shampoo's root, by an eigendecomposition of "
                                     "each block); with ekfac_decay the eigenbasis divisor (s + damping)^(1/root): 2 "
                                     "is an Adam-style second moment; raced as a variant, thor[inverse_root=2], and as "
                                     "SOAP-Muon, thor_muon[ekfac_decay=0.95,inverse_root=2]")
+    factor_decay: Optional[float] = option(None, ge=0, lt=1,
+                                           help="a moving average of the factors over refreshes, A <- decay A + (1 - "
+                                                "decay) A_batch (kfac-pytorch: 0.95; the SOAP paper's shampoo_beta); "
+                                                "unset: each refresh builds the factors from its own batch "
+                                                "(MindSpore's)")
+    soap_beta2: float = option(0.95, gt=0, lt=1, help="thor_soap: decay of Adam's second moment in the eigenbasis "
+                                                      "of THOR's factors (its beta1 is the optimizer's momentum)")
     project_radial: bool = option(False, help="the radial part of each BatchNorm-fed conv's preconditioned "
                                               "gradient removed per output filter, u - (<u, w>/|w|^2) w (AdamP/SGDP, "
                                               "Heo et al. 2021, without SGDP's cosine test): BatchNorm makes the "
@@ -126,7 +136,6 @@ class ThorOptions:
 
     REMOVED: ClassVar[dict[str, Removed]] = {
         "factor_interval": _ONE_FREQUENCY, "inv_interval": _ONE_FREQUENCY,
-        "factor_decay": Removed("never shown to pay in a race; each refresh builds the factors from its own batch"),
         "inverse_method": Removed("never shown to pay in a race; the inverses are Cholesky's", "cholesky"),
         "trace_threshold": Removed(_TRACE_SKIP), "interval_growth": Removed(_TRACE_SKIP, 1),
         "max_interval_mult": Removed(_TRACE_SKIP, 8),
@@ -185,10 +194,11 @@ def check_thor_options(options: Mapping[str, Any], *, also: Iterable[str] = ()) 
             raise ConfigError(f"unknown THOR option '{key}'", suggest(str(key), [*THOR_FIELDS, *also]))
     current = {k: v for k, v in options.items() if k not in ThorOptions.REMOVED}
     check_options(_without_schedules(current, ("damping",)), ThorOptions, "THOR")
-    if current.get("ekfac_decay") is not None and current.get("damping_mode", "absolute") != "absolute":
-        # EKFAC adds the damping to its eigenvalues (s + damping), never to the factors
-        raise ConfigError(f"THOR damping_mode={current['damping_mode']} damps the factors' inverses, and "
-                          "ekfac_decay (thor_ekfac) damps the eigenvalues instead", "leave damping_mode absolute")
+    if current.get("ekfac_decay") is not None and current.get("damping_mode") == "pi":
+        # pi splits the damping between A and G; EKFAC adds its epsilon to the eigenvalues of their product
+        raise ConfigError("THOR damping_mode=pi splits the damping between the factors, and ekfac_decay (thor_ekfac) "
+                          "damps the eigenvalues of their product instead", "use damping_mode trace (relative) or "
+                          "absolute")
 
 
 def check_thor_args(values: Mapping[str, Any], cls: type = ThorArgs) -> None:

@@ -33,6 +33,10 @@ input-mean direction) get c W'^2 ~ 0, so after a few updates s there falls to ~0
 by the damping alone, where THOR's Kronecker denominator stays large: such moves change nothing in training
 mode but do move BatchNorm's running statistics away from what the network now needs.
 
+`damping_mode: trace` makes the epsilon relative: s + damping * mean(s) per conv group (the mean over the
+layer's coordinates), so multiplying the loss by c (s by c^2, W' by c) leaves the update's direction as it is;
+the absolute s + damping is the paper's form, and a fixed damping is dominated wherever s is small.
+
 `inverse_root=2` divides by (s + damping)^(1/2) instead: Adam's root of a second moment, in THOR's eigenbasis
 (SOAP's preconditioner without its eigenbasis momentum; thor_muon orthogonalises the result: a SOAP-Muon).
 
@@ -125,17 +129,21 @@ class EigenState:
         la, lg = block_eigenvalues(a, q_a, n_in), block_eigenvalues(g, q_g, n_out)
         return cls(q_a, q_g, t * lg[:, :, None] * la[:, None, :])
 
+    def epsilon(self, damping: float, relative: bool) -> float | Tensor:
+        """What the divisor adds to s: `damping`, or (relative) damping x each group's mean s, shape (groups, 1, 1)."""
+        return damping * self.s.mean((-2, -1), keepdim=True) if relative else damping
+
     def precondition(self, w: Tensor, damping: float, beta: float, moment_scale: float = 1.0,
-                     root: int = 1) -> Tensor:
-        """Q_G (W' / (s + damping)^(1/root)) Q_A^T for w (groups, out, in) in the state's dtype (root 2: Adam's
-        root of the second moment); updates s first (unless fresh or beta = 1): s <- beta s + (1 - beta)
-        moment_scale W'^2."""
+                     root: int = 1, relative: bool = False) -> Tensor:
+        """Q_G (W' / (s + epsilon)^(1/root)) Q_A^T for w (groups, out, in) in the state's dtype (root 2: Adam's
+        root of the second moment; epsilon: `epsilon`); updates s first (unless fresh or beta = 1): s <- beta s +
+        (1 - beta) moment_scale W'^2."""
         rotated = rotate(w, self.Q_G, self.Q_A)
         if self.fresh:
             self.fresh = False
         elif beta != 1.0:
             self.s.mul_(beta).addcmul_(rotated, rotated, value=(1.0 - beta) * moment_scale)
-        divisor = self.s + damping
+        divisor = self.s + self.epsilon(damping, relative)
         if root != 1:
             divisor = divisor ** (1.0 / root)
         return unrotate(rotated / divisor, self.Q_G, self.Q_A)

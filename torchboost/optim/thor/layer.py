@@ -103,13 +103,14 @@ class ThorLayer:
         return precondition(w, self.G_inv, self.A_inv).reshape(grad.shape).to(grad.dtype)
 
     def precondition_eigen(self, grad: Tensor, damping: float, decay: float, moment_scale: float,
-                           root: int = 1) -> Tensor:
-        """EKFAC's Q_G (W' / (s + damping)^(1/root)) Q_A^T, its second moment updated first (`eigen.EigenState`)."""
+                           root: int = 1, relative: bool = False) -> Tensor:
+        """EKFAC's Q_G (W' / (s + epsilon)^(1/root)) Q_A^T, its second moment updated first (`eigen.EigenState`;
+        `relative`: epsilon = damping x the mean s)."""
         if self._plain():
             return grad
         g = self.groups
         w = grad.reshape(g, grad.shape[0] // g, -1).to(self.eigen.s.dtype)
-        return self.eigen.precondition(w, damping, decay, moment_scale, root).reshape(grad.shape).to(grad.dtype)
+        return self.eigen.precondition(w, damping, decay, moment_scale, root, relative).reshape(grad.shape).to(grad.dtype)
 
     def state(self) -> dict:
         state = {k: getattr(self, k) for k in _STATE_KEYS}

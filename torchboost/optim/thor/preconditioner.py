@@ -8,10 +8,12 @@ Every trainable Conv2d (any stride/padding/padding_mode/dilation; groups > 1 get
 per group) and Linear weight gradient becomes (G + sqrt(l) I)^-1 grad (A + sqrt(l) I)^-1 (MindSpore's
 rules: conv 1/T damping, `split_dim` blocks); every other gradient is left as it is. `THOR` is this plus
 MindSpore's momentum update. With `ekfac_decay` set, a refresh keeps the factors' eigenbases instead and every
-update rescales the gradient in them by a running second moment (EKFAC: `eigen`). Off by default, each raced
-as a variant: `damping_mode` (trace, pi: each factor damped by its own scale), `inverse_root` 2 (the factors'
-inverse square roots, or EKFAC's root of its moment), `project_radial` (a BatchNorm-fed conv's radial part
-removed, per filter, after the preconditioning).
+update rescales the gradient in them by a running second moment (EKFAC: `eigen`); `eigenbases=True` keeps the
+eigenbases for an optimizer that rotates the gradient itself (`soap.ThorSOAP`: `refresh`, then its own step).
+Off by default, each raced as a variant: `damping_mode` (trace, pi: each factor damped by its own scale; EKFAC's
+epsilon relative to its moment), `inverse_root` 2 (the factors' inverse square roots, or EKFAC's root of its
+moment), `project_radial` (a BatchNorm-fed conv's radial part removed, per filter, after the preconditioning),
+`factor_decay` (a moving average of the factors over refreshes).
 
 A module called several times per forward pools the statistics of all calls. A module not run with
 gradients on a refresh step has no curvature yet: its gradient stays plain (one-time warning) and its
@@ -43,12 +45,14 @@ class ThorPreconditioner:
     each option does; `**overrides`: any of its fields by name, laid over it (an unknown name is a one-line
     ConfigError). The result is `self.options`. Python-only: `accumulation_steps` (micro-batches summed per
     update), `grad_scaler` (torch.amp.GradScaler: G is unscaled by its live scale), `process_group`
-    (torch.distributed: factors averaged over ranks, each inversion done on one rank and shared)."""
+    (torch.distributed: factors averaged over ranks, each inversion done on one rank and shared), `eigenbases`
+    (keep the factors' eigenbases, not inverses, whatever ekfac_decay says: for an optimizer that uses them)."""
 
     def __init__(self, model: nn.Module, options: ThorOptions | None = None, *, accumulation_steps: int = 1,
                  grad_scaler: torch.amp.GradScaler | None = None, process_group: dist.ProcessGroup | None = None,
-                 **overrides: Any) -> None:
+                 eigenbases: bool = False, **overrides: Any) -> None:
         self.options = thor_options(options, overrides)
+        self.keeps_bases = eigenbases or self.options.ekfac_decay is not None  # eigenbases, not inverses
         check_thor_args(dict(accumulation_steps=accumulation_steps), PreconditionerArgs)
         self._damping = Value(self.options.damping, "damping")  # the options' damping as a schedule (damping_at)
         self.grad_scaler, self.accumulation_steps, self.process_group = grad_scaler, accumulation_steps, process_group
@@ -71,7 +75,7 @@ class ThorPreconditioner:
                 l.radial = id(l.module) in fed
         self._arm_capture()
 
-    _ekfac = property(lambda self: self.options.ekfac_decay is not None, doc="EKFAC's eigenbases, not inverses")
+    _ekfac = property(lambda self: self.keeps_bases, doc="eigenbases (EKFAC's, or thor_soap's), not inverses")
 
     # ---- hooks' view ------------------------------------------------------------------------------
     def _count_forward(self, module: nn.Module, inputs: tuple) -> None:
@@ -125,16 +129,23 @@ class ThorPreconditioner:
         self.precondition_grads(damping)
         self.advance()
 
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Refresh what is due (factors, then inverses or eigenbases) at the coming update's damping, leaving `.grad`
+        alone: for an optimizer that applies the curvature itself (it calls `advance` when its update is done)."""
+        self._refresh(self.update_index, self.damping_at())
+
     def precondition_grads(self, damping: float = 0.0) -> None:
         """Overwrite each preconditioned layer's `.grad` with its preconditioned gradient, from the curvature
         as it is (no refresh: what a compiled step between refreshes runs; `damping` is EKFAC's only)."""
         decay, moment_scale, root = self.options.ekfac_decay, self._moment_scale(), self.options.inverse_root
+        relative = self.options.damping_mode == "trace"  # EKFAC's epsilon: damping x the layer's mean moment
         for p, layer in self.layer_of:
             if p.grad is not None:
                 if p.grad.is_sparse:
                     raise ConfigError("THOR does not support sparse gradients", "use dense layers")
                 g = (layer.precondition(p.grad) if decay is None
-                     else layer.precondition_eigen(p.grad, damping, decay, moment_scale, root))
+                     else layer.precondition_eigen(p.grad, damping, decay, moment_scale, root, relative))
                 if layer.radial:  # before the graft, which sizes the direction that is applied
                     g = remove_radial(g, p)
                 if self.options.graft == "grad":
@@ -180,7 +191,7 @@ class ThorPreconditioner:
                 # not run with gradients, or an overflowed backward: keep the old curvature, retry next update
                 self.counters["capture_failures"] += s is not None
                 continue
-            l.A, l.G, l.T = s
+            l.A, l.G, l.T = _averaged(l, s, self.options.factor_decay)
             fresh.append(l)
         self._invert(k, damping, fresh, world)
 
@@ -254,6 +265,16 @@ class ThorPreconditioner:
         self._pre_hook = armed_hook(self._pre_hook, False, lambda: None)
         for l in self.layers.values():
             l.capture.remove()
+
+
+def _averaged(layer: ThorLayer, stats: tuple[Tensor, Tensor, float], decay: float | None
+              ) -> tuple[Tensor, Tensor, float]:
+    """A refresh's (A, G, T): the batch's, or with `factor_decay` their moving average with the layer's previous
+    factors (the first refresh starts it from its batch, so it needs no bias correction)."""
+    a, g, t = stats
+    if decay is None or layer.A is None:
+        return a, g, t
+    return layer.A.mul(decay).add_(a, alpha=1.0 - decay), layer.G.mul(decay).add_(g, alpha=1.0 - decay), t
 
 
 def _eigenbases(layer: ThorLayer) -> tuple[Tensor, Tensor, int] | None:
