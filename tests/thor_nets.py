@@ -97,3 +97,26 @@ def dense_factors(net: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict:
             a, t = inputs[name], 1
         out[name] = (a.T @ a / len(a), d.T @ d / len(d), t, m.weight.grad.numpy().reshape(len(m.weight), -1))
     return out
+
+
+def bn_convnet() -> nn.Sequential:
+    """A small float32 BatchNorm CNN (two 3x3 convs, the second strided, then a classifier) for THOR's health and
+    scale checks: ResNet-20's layer kinds at 8x8."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 16, 3, padding=1, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def image_batch(seed: int = 0, n: int = 32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def run_updates(net: nn.Module, opt: torch.optim.Optimizer, steps: int, loss_mult: float = 1.0) -> None:
+    """`steps` cross-entropy updates (x `loss_mult`) on image_batch(0), image_batch(1), ..."""
+    for k in range(steps):
+        x, y = image_batch(k)
+        opt.zero_grad()
+        (F.cross_entropy(net(x), y) * loss_mult).backward()
+        opt.step()
