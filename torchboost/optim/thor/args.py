@@ -128,6 +128,14 @@ class ThorOptions:
                                                 "(MindSpore's)")
     soap_beta2: float = option(0.95, gt=0, lt=1, help="thor_soap: decay of Adam's second moment in the eigenbasis "
                                                       "of THOR's factors (its beta1 is the optimizer's momentum)")
+    decoupled_decay: bool = option(False, help="THOR's weight decay taken from the weights after the (grafted) step, "
+                                               "w <- w (1 - lr wd), as AdamW and Muon do; false: MindSpore's order, "
+                                               "wd x w added to the preconditioned gradient before momentum and the "
+                                               "graft, so its strength varies by layer; THOR's own step only")
+    graft_layers: str = option("all", choices=("all", "hidden"),
+                               help="which weights THOR preconditions (and grafts): all = every Conv2d/Linear; hidden = "
+                                    "not the input layer nor the classifier (Muon's split), which keep their plain "
+                                    "gradient and the optimizer's own step, as Muon hands them to AdamW")
     project_radial: bool = option(False, help="the radial part of each BatchNorm-fed conv's preconditioned "
                                               "gradient removed per output filter, u - (<u, w>/|w|^2) w (AdamP/SGDP, "
                                               "Heo et al. 2021, without SGDP's cosine test): BatchNorm makes the "

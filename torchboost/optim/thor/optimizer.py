@@ -39,7 +39,7 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     `lr`: a float (torch's lr schedulers act on it), a per-update array or a callable of the update index.
     `options` / `**overrides`: the curvature options, a `ThorOptions` and/or its fields by name (its fields'
     helps say what each does). THOR's own SGD: `momentum`, `weight_decay` (added to the preconditioned
-    gradient, MindSpore's order), `nesterov`, `decay_filter(name) -> bool` (False = no weight decay for that
+    gradient, MindSpore's order; with the option `decoupled_decay`, taken from the weights after the step), `nesterov`, `decay_filter(name) -> bool` (False = no weight decay for that
     parameter). Python-only, passed to the preconditioner: `accumulation_steps`, `grad_scaler`, `process_group`.
     The options' `loss_scale` is a fixed loss scale the caller applies (a FixedGradScaler): gradients are
     divided by it, G by its square. The damping has one source, the preconditioner's schedule:
@@ -57,11 +57,16 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         self.preconditioner = ThorPreconditioner(model, thor_options(options, overrides, ThorArgs),
                                                  accumulation_steps=accumulation_steps, grad_scaler=grad_scaler,
                                                  process_group=process_group)
-        decay, no_decay = [], []
+        decay, no_decay, edge = [], [], []
+        # graft_layers hidden: the input layer and classifier, unpreconditioned, take their own step ("graft" False)
+        hidden = {id(p) for p, _ in self.preconditioner.layer_of} if self.options.graft_layers == "hidden" else None
         for name, p in model.named_parameters():
             if p.requires_grad:
-                (decay if decay_filter is None or decay_filter(name) else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+                decays = decay_filter is None or decay_filter(name)
+                (edge if hidden is not None and p.ndim >= 2 and id(p) not in hidden and decays
+                 else decay if decays else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0},
+                  {"params": edge, "weight_decay": weight_decay, "graft": False}]
         schedule = Value(lr, "lr")
         defaults = dict(lr=schedule.initial(lr), momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
         super().__init__([g for g in groups if g["params"]], defaults)
@@ -125,11 +130,13 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     def _graft_momentum(self, group: dict) -> None:
         """m <- momentum * m + (g + weight_decay * w) on the plain gradient: the step SGD would take is lr * m
         (g + momentum * m with Nesterov), whose norm `graft="sgd_step"` gives THOR's step."""
+        if not group.get("graft", True):
+            return
         for p in group["params"]:
             if p.grad is None:
                 continue
             g = p.grad / self.options.loss_scale
-            if group["weight_decay"]:
+            if group["weight_decay"] and not self.options.decoupled_decay:
                 g = g.add(p, alpha=group["weight_decay"])
             state = self.state[p]
             if "graft_buffer" not in state:
@@ -153,7 +160,8 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             bufs.append(self.state[p].get("momentum_buffer"))
         if not params:
             return
-        if group["weight_decay"]:
+        decoupled = self.options.decoupled_decay
+        if group["weight_decay"] and not decoupled:
             # MindSpore order: decay is added to the PRECONDITIONED gradient
             grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
         mu = group["momentum"]
@@ -168,8 +176,10 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
             step = torch._foreach_add(grads, bufs, alpha=mu) if group["nesterov"] else bufs
         else:
             step = grads
-        if graft in ("sgd_step", "muon_step"):
+        if graft in ("sgd_step", "muon_step") and group.get("graft", True):
             step = [self._grafted(p, s, graft) for p, s in zip(params, step)]
+        if group["weight_decay"] and decoupled:  # AdamW's order: the weights shrink, whatever the step's size
+            torch._foreach_mul_(params, 1.0 - group["lr"] * group["weight_decay"])
         if isinstance(group["lr"], Tensor):  # compiled (a 0-d tensor for the call); alpha must be a number
             torch._foreach_add_(params, torch._foreach_mul(step, group["lr"]), alpha=-1.0)
         else:

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.optim.protocol import TrainerProtocol
+from torchboost.optim.muon import muon_split
 from torchboost.optim.thor import distributed as thor_dist
 from torchboost.optim.thor.args import (PreconditionerArgs, Schedule, ThorOptions, Value, check_thor_args,
                                         check_thor_options, thor_options)
@@ -66,6 +67,10 @@ class ThorPreconditioner:
         self.model, self._pre_hook, self._removed = model, None, False
         self.layers: dict[str, ThorLayer] = find_layers(model, self.options.split_dim, self._grad_scale,
                                                         lambda: self._forward_id, self.options.factor_samples)
+        if self.options.graft_layers == "hidden":  # the input layer and the classifier keep their plain gradient
+            edge = {id(p) for p in muon_split(model)[1]}
+            for name in [n for n, l in self.layers.items() if id(l.module.weight) in edge]:
+                self.layers.pop(name).capture.remove()
         # (weight, layer) pairs as a list, not a dict keyed by tensors: torch.compile guards a dict's tensor keys'
         # .grad by identity, and every update's new gradients would recompile the step
         self.layer_of: list[tuple[Tensor, ThorLayer]] = [(l.module.weight, l) for l in self.layers.values()]

@@ -54,9 +54,11 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
                  **overrides: Any) -> None:
         check_thor_args(dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         options = thor_options(options, overrides, ThorArgs)
-        if options.damping_mode == "pi" or options.ekfac_decay is not None or options.graft != "none":
-            raise ConfigError("thor_soap takes THOR's eigenbases and its own Adam step: damping_mode pi, ekfac_decay "
-                              "and graft do not apply", "leave them unset (damping_mode absolute or trace)")
+        if (options.damping_mode == "pi" or options.ekfac_decay is not None or options.graft != "none"
+                or options.decoupled_decay):
+            raise ConfigError("thor_soap takes THOR's eigenbases and its own Adam step (its weight decay always "
+                              "decoupled): damping_mode pi, ekfac_decay, graft and decoupled_decay do not apply",
+                              "leave them unset (damping_mode absolute or trace)")
         if not momentum < 1:
             raise ConfigError(f"thor_soap's momentum is Adam's beta1 and must be < 1, got {momentum}",
                               "use e.g. 0.9")

@@ -27,6 +27,10 @@ class ThorPreconditioned(PreconditionedProtocol, torch.optim.Optimizer):
             raise ConfigError(f"graft={graft} sizes THOR's own momentum step, and a preconditioner in "
                               "front of another optimizer takes that optimizer's step",
                               "use graft=grad or none here, or the thor optimizer with graft=sgd_step/muon_step")
+        if preconditioner.options.decoupled_decay:
+            raise ConfigError("decoupled_decay orders THOR's own weight decay, and a preconditioner in front of "
+                              "another optimizer leaves weight decay to that optimizer (Muon's is decoupled)",
+                              "leave decoupled_decay unset here")
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.param_groups, self.state = optimizer.param_groups, optimizer.state
         self.optimizer, self.preconditioner = optimizer, preconditioner
