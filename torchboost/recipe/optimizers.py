@@ -176,6 +176,7 @@ RACE_POLICY: dict[str, RacePolicy] = {
     "thor_muon": RacePolicy(family=THOR_FAMILY, by_default=False),
     "thor_normuon": RacePolicy(family=THOR_FAMILY, by_default=False),
     "thor_ekfac": RacePolicy(family=THOR_FAMILY, by_default=False),
+    "thor_soap": RacePolicy((0.001, 0.003, 0.01), family=THOR_FAMILY, by_default=False),  # SOAP's (Adam's) lrs
     # optional packages (the `optimizers` extra): never raced unless named, so a default race needs no extra.
     # Grids from the packages' advice: schedule-free SGD 10-50x SGD's lr, schedule-free AdamW 1-10x AdamW's
     "sgd_schedulefree": RacePolicy((0.5, 1.0, 2.0), by_default=False, hold_lr=True),
