@@ -37,6 +37,7 @@ QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
 FORMATS = ("m.onnx", "m.pt2", "m.ts")
 DEEPER_ONLY = ("resnet101", "resnet152")  # ONNX only
 TOL = 1e-4  # probabilities: the exports run the checkpoint's network on the same preprocessed images
+LOGITS_TOL = 1e-4  # ONNX Runtime against torch, relative to the largest logit (seen: at most 1e-5)
 
 
 def make_colours(root: Path, size: int = SIZE, train: int = TRAIN, val: int = VAL, noise: float = 25.0) -> Path:
@@ -79,6 +80,23 @@ def _archive_probabilities(path: Path, files: list[str]) -> dict[str, list[float
     return {f: [float(p[i]) for i in order] for f, p in zip(files, probs)}
 
 
+def _onnx_logits_error(ckpt: str, onnx_path: Path, files: list[str]) -> float:
+    """The largest difference between ONNX Runtime's logits and torch's (the checkpoint's network, eval mode) on the
+    same preprocessed images, relative to the largest logit: the figure the README's export row quotes."""
+    from torchboost.deploy.onnxrun import OnnxClassifier
+    from torchboost.recipe.infer import model_from_weights
+
+    onnx_model = OnnxClassifier(onnx_path, threads=1)
+    try:
+        batch = torch.stack([read_image(f, onnx_model.info.transform()) for f in files])
+        got = torch.as_tensor(onnx_model.logits(batch.numpy()))
+    finally:
+        onnx_model.close()
+    with torch.no_grad():
+        want = model_from_weights(ckpt)[0].network.eval()(batch)
+    return float((got - want).abs().max() / want.abs().max())
+
+
 def _agree(got: dict[str, list[float]], want: dict[str, list[float]], what: str) -> None:
     assert got.keys() == want.keys(), what
     worst = max(abs(a - b) for f in want for a, b in zip(got[f], want[f]))
@@ -107,20 +125,27 @@ def test_every_zoo_model_trains_evaluates_exports_and_predicts_the_same(name, fo
     ops = {node.op_type for node in onnx.load(tmp_path / "m.onnx").graph.node}
     assert ops <= ZOO_OPS, f"{name} exports to ops off the zoo's list: {sorted(ops - ZOO_OPS)}"
     _agree(_probabilities(capsys, ["--checkpoint", str(tmp_path / "m.onnx"), str(folder / "val")]), want, "onnx")
+    logits_error = _onnx_logits_error(ckpt, tmp_path / "m.onnx", sorted(want))
+    assert logits_error <= LOGITS_TOL, f"{name}: ONNX Runtime's logits differ from torch's by {logits_error:.1e}"
     for archive in formats[1:]:
         _agree(_archive_probabilities(tmp_path / archive, sorted(want)), want, archive)
-    print(f"{name}: {time.process_time() - start:.1f} s CPU")
+    print(f"{name}: {time.process_time() - start:.1f} s CPU; ONNX Runtime vs torch logits {logits_error:.1e} relative")
+
+
+# one network per block family at the second size: the others stack the same blocks (ResNet-34/101/152 and the
+# deeper CIFAR ResNets, MobileNetV3-Small's beside -Large's), each exported at 32 px by the generator above
+FAMILIES = ("resnet18", "resnet50", "resnet20", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny",
+            "regnet_y_400mf", "regnet_x_400mf", "mnist_cnn")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", FAMILIES)
 def test_the_onnx_allow_list_holds_every_op_the_zoo_exports_to(name):
-    """`onnxcheck.ZOO_OPS` is what `torchboost export` makes of each network. Which ops a graph holds depends on
-    the input size only through which feature maps come out 1×1 (pooling a 1×1 map is elided; ConvNeXt's
-    average pool of a larger map is exported through Shape, Range and Gather): the generator above exports
-    every network at 32 px (ConvNeXt's, MobileNet's, EfficientNet's and RegNet's last map 1×1), here each at
-    100 px, odd maps larger than 1×1 to the end (a
-    ResNet's 4×4, ConvNeXt's 3×3)."""
+    """`onnxcheck.ZOO_OPS` is what `torchboost export` makes of the zoo's networks. Which ops a graph holds
+    depends on the input size only through which feature maps come out 1×1 (pooling a 1×1 map is elided;
+    ConvNeXt's average pool of a larger map is exported through Shape, Range and Gather): the generator above
+    exports every network at 32 px (ConvNeXt's, MobileNet's, EfficientNet's and RegNet's last map 1×1), here
+    one of each block family at 100 px, odd maps larger than 1×1 to the end (a ResNet's 4×4, ConvNeXt's 3×3)."""
     from torchboost.deploy import DeployInfo, export_program, onnx_bytes
 
     c = 1 if name == "mnist_cnn" else 3
