@@ -12,7 +12,7 @@ import torch
 from thor_nets import bn_convnet, run_updates
 from torchboost.errors import ConfigError
 from torchboost.optim.registry import OptimizerArgs, build_optimizer
-from torchboost.optim.thor import THOR, ThorOptions, thor_muon
+from torchboost.optim.thor import ThorOptions, thor_muon
 
 LR, WD = 0.05, 0.01
 LAYERS = (0, 3, 8)  # bn_convnet's input conv, hidden conv, classifier

@@ -133,7 +133,8 @@ class ThorOptions:
                                                "wd x w added to the preconditioned gradient before momentum and the "
                                                "graft, so its strength varies by layer; THOR's own step only")
     graft_layers: str = option("all", choices=("all", "hidden"),
-                               help="which weights THOR preconditions (and grafts): all = every Conv2d/Linear; hidden = "
+                               help="which weights THOR preconditions (and grafts): all = every Conv2d/Linear; "
+                                    "hidden = "
                                     "not the input layer nor the classifier (Muon's split), which keep their plain "
                                     "gradient and the optimizer's own step, as Muon hands them to AdamW")
     project_radial: bool = option(False, help="the radial part of each BatchNorm-fed conv's preconditioned "

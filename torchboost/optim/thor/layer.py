@@ -110,7 +110,8 @@ class ThorLayer:
             return grad
         g = self.groups
         w = grad.reshape(g, grad.shape[0] // g, -1).to(self.eigen.s.dtype)
-        return self.eigen.precondition(w, damping, decay, moment_scale, root, relative).reshape(grad.shape).to(grad.dtype)
+        out = self.eigen.precondition(w, damping, decay, moment_scale, root, relative)
+        return out.reshape(grad.shape).to(grad.dtype)
 
     def state(self) -> dict:
         state = {k: getattr(self, k) for k in _STATE_KEYS}

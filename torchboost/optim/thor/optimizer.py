@@ -39,8 +39,9 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
     `lr`: a float (torch's lr schedulers act on it), a per-update array or a callable of the update index.
     `options` / `**overrides`: the curvature options, a `ThorOptions` and/or its fields by name (its fields'
     helps say what each does). THOR's own SGD: `momentum`, `weight_decay` (added to the preconditioned
-    gradient, MindSpore's order; with the option `decoupled_decay`, taken from the weights after the step), `nesterov`, `decay_filter(name) -> bool` (False = no weight decay for that
-    parameter). Python-only, passed to the preconditioner: `accumulation_steps`, `grad_scaler`, `process_group`.
+    gradient, MindSpore's order; with the option `decoupled_decay`, taken from the weights after the step),
+    `nesterov`, `decay_filter(name) -> bool` (False = no weight decay for that parameter). Python-only, passed
+    to the preconditioner: `accumulation_steps`, `grad_scaler`, `process_group`.
     The options' `loss_scale` is a fixed loss scale the caller applies (a FixedGradScaler): gradients are
     divided by it, G by its square. The damping has one source, the preconditioner's schedule:
     `opt.preconditioner.damping_at()` reads it, `opt.preconditioner.set_damping(...)` replaces it.

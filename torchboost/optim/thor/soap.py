@@ -28,18 +28,23 @@ from torch import Tensor, nn
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.optim.closure import evaluate_closure
 from torchboost.optim.thor.args import ThorArgs, ThorOptions, check_thor_args, thor_options
-from torchboost.optim.thor.eigen import rotate, unrotate
+from torchboost.optim.thor.eigen import EigenState, rotate, unrotate
 from torchboost.optim.thor.layer import ThorLayer
 from torchboost.optim.thor.preconditioner import PreconditionedProtocol, ThorPreconditioner
 
 
+def adam_divisor(v: Tensor, t: int, beta2: float, damping: float, relative: bool) -> tuple[Tensor, Tensor]:
+    """(sqrt(v_hat), eps) after update t: the bias-corrected root second moment and the epsilon added to it,
+    `damping` or (relative) damping x the mean of sqrt(v_hat)."""
+    root = (v / (1.0 - beta2 ** t)).sqrt()
+    return root, damping * root.mean() if relative else torch.tensor(damping, dtype=v.dtype)
+
+
 def adam_direction(m: Tensor, v: Tensor, t: int, betas: tuple[float, float], damping: float,
-                   relative: bool) -> tuple[Tensor, Tensor]:
-    """(m_hat / (sqrt(v_hat) + eps), eps) from the moments after update t (bias-corrected); eps: `damping`, or
-    (relative) damping x the mean of sqrt(v_hat)."""
-    root = (v / (1.0 - betas[1] ** t)).sqrt()
-    eps = damping * root.mean() if relative else torch.tensor(damping, dtype=v.dtype)
-    return (m / (1.0 - betas[0] ** t)) / (root + eps), eps
+                   relative: bool) -> Tensor:
+    """m_hat / (sqrt(v_hat) + eps) from the moments after update t (bias-corrected; eps: `adam_divisor`)."""
+    root, eps = adam_divisor(v, t, betas[1], damping, relative)
+    return (m / (1.0 - betas[0] ** t)) / (root + eps)
 
 
 class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
@@ -93,8 +98,8 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
         pre.advance()
         return loss
 
-    def _update(self, p: Tensor, group: dict, layer: ThorLayer | None, old_bases: Any, damping: float,
-                relative: bool) -> None:
+    def _update(self, p: Tensor, group: dict, layer: ThorLayer | None, old_bases: EigenState | None,
+                damping: float, relative: bool) -> None:
         state = self.state[p]
         g = p.grad / self.options.loss_scale
         if layer is not None:
@@ -111,7 +116,7 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
         state["step"] += 1
         state["exp_avg"].lerp_(g, 1.0 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        u, _ = adam_direction(state["exp_avg"], state["exp_avg_sq"], state["step"], (beta1, beta2), damping,
+        u = adam_direction(state["exp_avg"], state["exp_avg_sq"], state["step"], (beta1, beta2), damping,
                               relative)
         if layer is not None:
             u = unrotate(u, layer.eigen.Q_G, layer.eigen.Q_A).reshape(p.shape)
@@ -124,11 +129,13 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
         damping = self.preconditioner.damping_at(max(self.preconditioner.update_index - 1, 0))
         relative = self.options.damping_mode == "trace"
         out = {}
-        for p, layer in self.preconditioner.layer_of:
-            state = self.state.get(p)
-            if state and layer.eigen is not None and state["exp_avg_sq"].shape == self._moment_shape(p):
-                root = (state["exp_avg_sq"] / (1.0 - self.param_groups[0]["betas"][1] ** state["step"])).sqrt()
-                out[layer.name] = root, (damping * root.mean() if relative else torch.tensor(damping))
+        for group in self.param_groups:
+            for p in group["params"]:
+                state, layer = self.state.get(p), self._layer_of.get(id(p))
+                if layer is not None and state and layer.eigen is not None and \
+                        state["exp_avg_sq"].shape == self._moment_shape(p):
+                    out[layer.name] = adam_divisor(state["exp_avg_sq"], state["step"], group["betas"][1], damping,
+                                                   relative)
         return out
 
     def state_dict(self) -> dict:
