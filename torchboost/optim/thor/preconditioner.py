@@ -101,7 +101,7 @@ class ThorPreconditioner:
         only then (EKFAC counts every update's samples: its pre-hook stays)."""
         for l in self.layers.values():
             l.capture.enabled = self.update_index >= l.next_inverse
-        armed = (self._ekfac or self.refresh_due()) and not self._removed
+        armed = (self.options.ekfac_decay is not None or self.refresh_due()) and not self._removed
         self._pre_hook = armed_hook(self._pre_hook, armed,
                                     lambda: self.model.register_forward_pre_hook(DetachedHook(self._count_forward)))
 
