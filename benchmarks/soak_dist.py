@@ -54,33 +54,46 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="pytest-xdist workers per round")
     ap.add_argument("--marker", default="dist", help="pytest -m expression")
     ap.add_argument("--bound", type=float, default=1800, help="seconds a round may take before it counts as a hang")
-    ap.add_argument("--out", help="JSON file for the rounds and totals")
+    ap.add_argument("--out", help="JSON file for the rounds and totals, written after every round; an existing one is "
+                                  "continued (its rounds count towards --rounds)")
     ap.add_argument("--logs", default="/tmp/soak_dist", help="folder for each round's pytest output")
     args = ap.parse_args()
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    rounds = json.loads(out.read_text())["rounds"] if out and out.exists() else []
     hogs = [hog() for _ in range(args.hogs)]
-    rounds = []
     try:
-        for i in range(args.rounds):
+        for i in range(len(rounds), args.rounds):
             r = one_round(args.marker, args.workers, args.bound, logs / f"round{i:02d}.log")
             rounds.append(r)
             print(f"round {i + 1}/{args.rounds}: {r['seconds']:7.1f} s  exit {r['exit']}  {r['summary']}"
                   f"{'  HANG' if r['hang'] else ''}", flush=True)
+            if out:
+                write(out, args, rounds)
     finally:
         for h in hogs:
             h.kill()
-    failed = sum(r["exit"] != 0 for r in rounds)
-    hangs = sum(r["hang"] for r in rounds)
+    failed, hangs = totals(rounds)
     print(f"{len(rounds)} rounds of `pytest -m {args.marker}` beside {args.hogs} CPU hog(s) on {os.cpu_count()} "
           f"cores: {hangs} hang(s), {failed} round(s) with a failure; median "
           f"{sorted(r['seconds'] for r in rounds)[len(rounds) // 2]:.0f} s a round")
-    if args.out:
-        Path(args.out).write_text(json.dumps({
-            "command": " ".join(sys.argv), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "hogs": args.hogs, "workers": args.workers, "rounds": rounds,
-            "hangs": hangs, "failed_rounds": failed}, indent=1) + "\n")
     return 1 if hangs or failed else 0
+
+
+def totals(rounds: list[dict]) -> tuple[int, int]:
+    """(rounds with a failure, rounds with a hang)."""
+    return sum(r["exit"] != 0 for r in rounds), sum(r["hang"] for r in rounds)
+
+
+def write(out: Path, args: argparse.Namespace, rounds: list[dict]) -> None:
+    failed, hangs = totals(rounds)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else ""
+    out.write_text(json.dumps({
+        "command": f"python benchmarks/soak_dist.py --rounds {args.rounds} --hogs {args.hogs} --workers {args.workers}",
+        "cpu": cpu, "cores": os.cpu_count(), "hogs": args.hogs, "workers": args.workers, "rounds": rounds,
+        "hangs": hangs, "failed_rounds": failed}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """`torchboost export` (ONNX, TorchScript, ExportedProgram) and `predict` on the exported .onnx.
 
 Tolerance rule: an export matches when max|exported - torch| <= 1e-4 * max|torch| over the batch's logits
-(relative to the largest logit, so a logit near zero cannot inflate the error). Every network of the zoo is
+(relative to the largest logit, so a logit near zero cannot inflate the error). One network of each block family is
 exported at a small input (32×32 RGB; the MNIST CNN 28×28 gray) from random weights whose BatchNorm layers
 ran two training batches (non-trivial running statistics, random affine parameters: zero-init of the last
 BN of a block would hide a wrong residual branch), and checked at batch sizes 1 and 3 (the tracers ran 2)."""
@@ -26,15 +26,16 @@ from torchboost.deploy import (DeployInfo, OnnxClassifier, export_program, forma
 from torchboost.deploy.metadata import META_FILE
 from torchboost.errors import CheckpointError, ConfigError
 from torchboost.fileio import atomic_write
-from torchboost.models import create_model, list_models
+from torchboost.models import create_model
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),  # torch 2.13 deprecates TorchScript; it is still exported
               pytest.mark.filterwarnings("ignore:`torch.jit.(load|save)` is deprecated:DeprecationWarning")]
 TOL = 1e-4
-# The deepest two take ~15-25 s each on one shared CPU thread (ResNet-152: 230 MB traced, translated to ONNX in
-# ~7 s, written and read back in three formats): `slow`, still run by `make test`; -m "not slow" leaves them out.
-ZOO = [pytest.param(name, marks=pytest.mark.slow) if name in ("resnet101", "resnet152", "convnext_tiny") else name
-       for name in list_models()]
+# One network of each block family, from random weights with perturbed BatchNorm statistics (below): the deeper
+# members (ResNet-34/101/152, CIFAR ResNet-32/44/56, MobileNetV3-Large) stack the same blocks, and every one of the
+# 16 is exported after a training epoch, its ONNX logits checked against torch's, by tests/test_zoo_generator.py.
+ZOO = ("mnist_cnn", "resnet20", "resnet18", "resnet50", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
+       "regnet_x_400mf", "regnet_y_400mf")
 
 
 def rel_err(got, want: torch.Tensor) -> float:
@@ -61,8 +62,7 @@ def zoo_net(name: str) -> tuple[torch.nn.Module, DeployInfo]:
 # The three formats' writers and readers are the same code for every network: checked on the ResNet families and
 # the CNN; every other zoo network (torchvision's layouts: their layers are what could fail to translate) through
 # its ONNX model, which goes through the same trace as the .pt2 (export_program) — a third of the suite's time
-THREE_FORMATS = ("mnist_cnn", "resnet")  # prefixes: every ResNet, CIFAR and ImageNet, ...
-DEEPER_ONLY = ("resnet101", "resnet152")  # ... but these two, resnet50's blocks stacked deeper: ONNX only
+THREE_FORMATS = ("mnist_cnn", "resnet")  # prefixes: the ResNets, CIFAR and ImageNet
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -77,7 +77,7 @@ def test_every_zoo_network_exports_to_three_formats_that_agree_with_torch(name, 
     onnx_model = OnnxClassifier(tmp_path / "m.onnx", threads=1)
     assert onnx_model.info == info  # the metadata round trip, checked as an untrusted file's
     formats = {"onnx": lambda v: onnx_model.logits(v.numpy())}
-    if name.startswith(THREE_FORMATS) and name not in DEEPER_ONLY:
+    if name.startswith(THREE_FORMATS):
         save_program(program, info, tmp_path / "m.pt2")
         save_torchscript(net, info, tmp_path / "m.ts")
         ts_extra, ep_extra = {META_FILE: ""}, {META_FILE: ""}
