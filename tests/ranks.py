@@ -56,6 +56,10 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str
             outs[i] = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             hung.append(i)
+        except BaseException:  # Ctrl-C, or pytest stopped: the jobs (their own sessions) must not outlive the test
+            for q in procs:
+                _signal_tree(q, signal.SIGKILL)
+            raise
     if not hung:
         return [outs[i] for i in range(len(procs))]
     for i in hung:
