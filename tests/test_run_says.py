@@ -35,6 +35,7 @@ def shapes(root: Path, size: int = 40, n: int = 24, mode: str = "RGB") -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_own_colour_images_first_try_pick_a_model_from_the_data_and_learn(tmp_path, capsys):
     data = shapes(tmp_path / "d", n=64)
     out = tmp_path / "run"
