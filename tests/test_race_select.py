@@ -388,3 +388,18 @@ def test_the_race_flow_from_python_gives_the_commands_result(tmp_path, capsys):
     assert accs["py"] == accs["cli"]
     assert summary["chosen_lr"] == {"sgd": 0.05, "muon": 0.02}
     assert any(line.startswith("confirmation targets fixed") for line in said) and "confirmation targets fixed" in printed
+
+
+def test_a_variant_of_another_optimizer_than_the_recipes_races():
+    """`thor[damping_mode=trace]` on a recipe of SGD: the variant is THOR's config with that option (it was refused,
+    "optim.thor is set but optim.name=sgd does not use it"), and the recipe's own config is untouched."""
+    from torchboost.recipe.build import build_model
+    from torchboost.recipe.race import variant_racer
+
+    cfg, _, _ = load_resolved("digits-lenet")
+    assert cfg.optim.name == "sgd"
+    racer = variant_racer("thor[damping_mode=trace]", cfg, (0.02,))
+    opt = racer.build(build_model(cfg), 0.02, 10, 1)
+    assert racer.name == "thor[damping_mode=trace]" and type(opt).__name__ == "THOR"
+    assert opt.preconditioner.options.damping_mode == "trace"
+    assert cfg.optim.name == "sgd" and cfg.optim.options["thor"].damping_mode == "absolute"

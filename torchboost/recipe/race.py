@@ -122,7 +122,7 @@ def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) ->
     entry = get_optimizer(racer.base)
     section = cfg.optim.options.get(entry.options_key) if entry.options_key else None
     own = {f.name for f in dataclasses.fields(section)} if section is not None else set()
-    variant = copy.deepcopy(cfg)
+    variant = copy.deepcopy(racer_config(cfg, racer.base))  # its own optimizer first: a recipe of SGD races THOR's
     for key, value in racer.options:
         if key in RACE_SETS:  # the race sets these per lane: a variant's value would be silently overruled
             raise ConfigError(f"racer {spec[:80]!r} sets optim.{key}, which the race sets for every racer",
