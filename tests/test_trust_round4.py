@@ -12,13 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 import unicodedata
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bounded import within
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -305,10 +305,10 @@ def test_ten_thousand_classes_write_a_summary_not_a_matrix(tmp_path):
     g = torch.Generator().manual_seed(0)
     for _ in range(4):
         tally.update(torch.randn(5000, k, generator=g), torch.randint(0, k, (5000,), generator=g))
-    start = time.monotonic()
-    report = per_class_report(tally, [f"c{i}" for i in range(k)])
-    written = write_per_class(report, tmp_path, "10,000 classes", pytest.fail)
-    assert time.monotonic() - start < 20 and k > MATRIX_CLASSES
+    with within(60, "per-class output of 10,000 classes"):  # a bound against the old minutes-long matrix
+        report = per_class_report(tally, [f"c{i}" for i in range(k)])
+        written = write_per_class(report, tmp_path, "10,000 classes", pytest.fail)
+    assert k > MATRIX_CLASSES
     assert sorted(p.name for p in written) == ["per_class.csv", "per_class.json", "top_confusions.csv"]
     assert len((tmp_path / "top_confusions.csv").read_text().splitlines()) == TOP_CONFUSIONS + 1
     assert sum(p.stat().st_size for p in written) < 5 << 20 and report["confusion"] is None
@@ -380,10 +380,10 @@ def test_a_fifo_where_the_mlflow_store_is_is_refused_at_once(tmp_path):
     pytest.importorskip("mlflow")
     (tmp_path / "run" / "mlflow").mkdir(parents=True)
     os.mkfifo(tmp_path / "run" / "mlflow" / "mlflow.db")
-    start = time.monotonic()
-    err = refused("train", "-c", "digits-lenet", "--epochs", "1", "-o", tmp_path / "run",
-                  "--set", "train.loggers=[csv,mlflow]", *QUIET)
-    assert "mlflow.db is a FIFO" in err and time.monotonic() - start < 30
+    with within(60, "train with a FIFO as its MLflow store"):  # refused before MLflow waits on it (117 s before)
+        err = refused("train", "-c", "digits-lenet", "--epochs", "1", "-o", tmp_path / "run",
+                      "--set", "train.loggers=[csv,mlflow]", *QUIET)
+    assert "mlflow.db is a FIFO" in err
 
 
 # 7. Decisions written down (docs/THREAT_MODEL.md).
