@@ -265,7 +265,7 @@ OTHER_MEANINGS = {
     ("torchboost/optim/muon.py", "adamw"), ("torchboost/optim/muon.py", "muon"),  # Muon's parameter roles
     ("torchboost/optim/thor/wrap.py", "adamw"),  # thor_muon's input_layer default: a Muon parameter role
     ("torchboost/optim/thor/optimizer.py", "thor"), ("torchboost/optim/thor/wrap.py", "thor"),  # state_dict key
-    ("torchboost/optim/thor/soap.py", "thor"),  # state_dict key
+    ("torchboost/optim/thor/soap.py", "thor"), ("torchboost/optim/thor/preconditioner.py", "thor"),  # state_dict key
     ("torchboost/recipe/build.py", "thor"), ("torchboost/recipe/config.py", "thor"),  # schedule.mode=thor
 }
 

@@ -200,11 +200,6 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         return step * (norm / step.norm().clamp_min(torch.finfo(step.dtype).tiny))
 
     # ---- state ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["thor"] = self.preconditioner.state_dict()
-        return sd
-
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         thor = state_dict.pop("thor", None)
@@ -212,7 +207,4 @@ class THOR(PreconditionedProtocol, torch.optim.Optimizer):
         if thor is not None:
             self.preconditioner.load_state_dict(thor)
 
-    def remove_hooks(self) -> None:
-        """Detach THOR's hooks from the model (the optimizer stops refreshing curvature)."""
-        self.preconditioner.remove_hooks()
 

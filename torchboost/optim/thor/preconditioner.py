@@ -310,3 +310,13 @@ class PreconditionedProtocol(TrainerProtocol):
 
     def eager_forward(self) -> bool:
         return self.preconditioner.refresh_due()
+
+    def state_dict(self) -> dict:
+        """torch's, with the preconditioner's curvature under "thor" (each optimizer's load checks it its way)."""
+        sd = super().state_dict()  # type: ignore[misc]  # torch.optim.Optimizer's, next in the subclass's MRO
+        sd["thor"] = self.preconditioner.state_dict()
+        return sd
+
+    def remove_hooks(self) -> None:
+        """Detach THOR's hooks from the model (curvature is no longer refreshed)."""
+        self.preconditioner.remove_hooks()

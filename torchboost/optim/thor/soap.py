@@ -138,11 +138,6 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
                                                    relative)
         return out
 
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["thor"] = self.preconditioner.state_dict()
-        return sd
-
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's, then each moment's shape checked against its parameter's (rotated layers: groups x out x in)."""
         state_dict = dict(state_dict)
@@ -162,6 +157,3 @@ class ThorSOAP(PreconditionedProtocol, torch.optim.Optimizer):
                                               "load the optimizer state saved for this model")
         self.preconditioner.load_state_dict(thor)
 
-    def remove_hooks(self) -> None:
-        """Detach THOR's hooks from the model (the bases stop being refreshed)."""
-        self.preconditioner.remove_hooks()
