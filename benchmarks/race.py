@@ -1,4 +1,4 @@
-"""Optimizer race on THOR's tasks, built on `torchboost race` (torchboost.recipe.race): time to accuracy of
+"""Optimizer race on THOR's tasks, built on `torchboost race` (torchboost.race.lanes): time to accuracy of
 SGD, AdamW, Muon, THOR and THOR variants, interleaved epoch by epoch, medians over seeds at each optimizer's
 best lr.
 
@@ -11,7 +11,7 @@ best lr.
 
 Tasks are recipes plus overrides (same data, augmentation, schedule and budget for every optimizer). Variants
 with extra options (`thor[graft=grad]`, `thor_muon[factor_samples=64]`) are `torchboost race`'s own
-(`recipe.race.variant_racer`); beyond the CLI: `muon-all-convs` (Muon on the input conv too).
+(`race.lanes.variant_racer`); beyond the CLI: `muon-all-convs` (Muon on the input conv too).
 Prints the table, then per THOR racer one line "THOR/best-other seconds-to-target".
 """
 
@@ -30,11 +30,11 @@ from torchboost.optim import muon_optimizer
 from torchboost.optim.thor.wrap import thor_muon
 from torchboost.recipe import load_resolved
 from torchboost.recipe.optimizers import race_policy, thor_per_update, typed_section
-from torchboost.recipe.race import Racer, budget_racers, parse_lr_grids, run_race, variant_racer
-from torchboost.recipe.race_select import pooled_lanes
-from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_plot import plot, write_results
-from torchboost.recipe.race_report import format_markdown, format_report, headline, is_thor, summarize
+from torchboost.race.lanes import Racer, budget_racers, parse_lr_grids, run_race, variant_racer
+from torchboost.race.select import pooled_lanes
+from torchboost.race.names import parse_racer
+from torchboost.race.plot import plot, write_results
+from torchboost.race.report import format_markdown, format_report, headline, is_thor, summarize
 from torchboost.train.device import device_name
 
 # The issue's headline task: the MNIST CNN on mnist5k, batch 256, +-2 px shifts, 40-epoch cosine budget,

@@ -21,7 +21,7 @@ from torchboost.optim.registry import OptimizerArgs, build_optimizer
 from torchboost.recipe import load_resolved
 from torchboost.recipe.build import build_model
 from torchboost.recipe.optimizers import thor_per_update
-from torchboost.recipe.race_report import cpu_flags
+from torchboost.race.report import cpu_flags
 
 # torchboost.optim.thor is also the name of THOR's factory function: import the module by its path
 factors = importlib.import_module("torchboost.optim.thor.factors")

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "torchboost"
 LIBRARY = ("models", "data", "optim", "train", "boost", "distributed", "migrate", "compat", "deploy", "errors", "fileio",
            "losses", "seed")
-APPLICATION = ("recipe",)
+APPLICATION = ("recipe", "race")
 FACES = ("cli", "commands", "bench", "debug", "__main__")
 
 
@@ -72,6 +72,13 @@ def test_library_never_imports_application_or_faces():
 
 def test_application_never_imports_faces():
     bad = [(m, d) for m, deps in GRAPH.items() if layer(m) == "application" for d in deps if layer(d) == "face"]
+    assert not bad, bad
+
+
+def test_the_recipe_never_imports_the_race():
+    """`race/` builds its runs with `recipe/`; `recipe/` (a config becomes a run) knows nothing of the race."""
+    bad = [(m, d) for m, deps in GRAPH.items() if m.startswith("torchboost.recipe") for d in deps
+           if d.startswith("torchboost.race")]
     assert not bad, bad
 
 

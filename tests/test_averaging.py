@@ -141,7 +141,7 @@ def test_a_race_evaluates_the_swa_average_and_trains_on_from_the_live_weights():
     and the next epoch trains on from the trained weights, not from the average."""
     from torchboost.recipe import load_resolved
     from torchboost.recipe.load import recipe_with_data
-    from torchboost.recipe.race import _lane, builtin_racer
+    from torchboost.race.lanes import _lane, builtin_racer
 
     built, _, _ = recipe_with_data("digits-lenet", ["train.average=swa", "train.average_start=0", "train.epochs=2"],
                                    None)

@@ -78,10 +78,10 @@ def test_free_form_sections_merge_instead_of_replacing():
 def test_the_resnet20_thor_recipe_is_the_races_thor_lane():
     """resnet20-mnist5k-thor is the THOR lane the race selected and confirmed (BENCHMARKS.md, "select, then
     confirm"): the resnet20-mnist5k task at the race's 8-epoch budget, THOR with factor_samples 32 and
-    graft=muon_step at lr 0.02, its warm-up start scaled by the race's rule (recipe.race.relative_schedule)."""
+    graft=muon_step at lr 0.02, its warm-up start scaled by the race's rule (race.lanes.relative_schedule)."""
     import dataclasses
 
-    from torchboost.recipe.race import relative_schedule
+    from torchboost.race.lanes import relative_schedule
 
     task = load_config("resnet20-mnist5k", ["optim.name=thor", "train.label_smoothing=0.0", "train.epochs=8",
                                             "optim.thor={damping: 0.1, frequency: 10, split_dim: 128}",

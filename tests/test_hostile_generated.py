@@ -61,7 +61,7 @@ def stop_before_work(monkeypatch, tmp_path):
         raise Started()
 
     monkeypatch.setattr("torchboost.train.model.Model.train", started)
-    monkeypatch.setattr("torchboost.recipe.race.Lane.train_epoch", started)
+    monkeypatch.setattr("torchboost.race.lanes.Lane.train_epoch", started)
     monkeypatch.setattr("torchboost.bench.time_steps", started)
     monkeypatch.setattr("torchboost.bench.data_rate", started)
     monkeypatch.setattr("torchboost.data.export.find_samples", started)  # export-shards, once its input is checked

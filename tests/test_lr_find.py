@@ -202,7 +202,7 @@ def test_an_output_that_is_not_a_folder_is_refused_before_any_work(tmp_path, cap
         raise AssertionError("work started before the output folder was checked")
 
     monkeypatch.setattr("torchboost.recipe.lr_find.find_lr", no_work)
-    monkeypatch.setattr("torchboost.recipe.race.Lane.train_epoch", no_work)
+    monkeypatch.setattr("torchboost.race.lanes.Lane.train_epoch", no_work)
     out = tmp_path / "out"
     {"fifo": lambda: os.mkfifo(out), "file": lambda: out.write_text("mine"),
      "dangling": lambda: os.symlink(tmp_path / "gone", out)}[shape]()

@@ -10,10 +10,10 @@ import torch
 from torchboost.errors import ConfigError
 
 from torchboost.cli import main
-from torchboost.recipe.race import Lane, held_every_target, reached_at
-from torchboost.recipe.race_plot import median_curve, plot, race_figure, seed_tails
-from torchboost.recipe.race_report import ratio_to_best_other, summarize
-from torchboost.recipe.race_select import pooled_lanes
+from torchboost.race.lanes import Lane, held_every_target, reached_at
+from torchboost.race.plot import median_curve, plot, race_figure, seed_tails
+from torchboost.race.report import ratio_to_best_other, summarize
+from torchboost.race.select import pooled_lanes
 
 
 def test_race_on_a_device_that_is_not_there_is_one_line(tmp_path, capsys):
@@ -110,8 +110,8 @@ def test_a_seed_that_fell_back_to_chance_is_named_diverged_and_two_seeds_are_dra
     """Issue 55: a seed that diverged to 10% (finite loss) read 'final 44.0% [10.0%, 78.0%]', stopped at 'epoch
     budget', and two seeds drew a "median" neither followed. Now the run is 'diverged' (race.json's stopped), the
     table's final names the seed, and two seeds are two lines, the diverged one's end named."""
-    from torchboost.recipe.race import fell_to_chance
-    from torchboost.recipe.race_report import format_report
+    from torchboost.race.lanes import fell_to_chance
+    from torchboost.race.report import format_report
 
     assert fell_to_chance([{"val_top_1_accuracy": a} for a in (0.5, 0.7, 0.1)], 10)
     assert not fell_to_chance([{"val_top_1_accuracy": a} for a in (0.2, 0.25, 0.12)], 10)  # never learned
@@ -149,7 +149,7 @@ def test_a_target_counts_as_reached_only_when_held_at_the_next_evaluation():
     rows = summary["targets"]["0.9"]
     assert (rows["c"]["reached"], rows["c"]["median_seconds"]) == (0, math.inf)  # first-crossing said 20 s
     assert (rows["h"]["reached"], rows["h"]["median_seconds"], rows["h"]["median_epochs"]) == (1, 30.0, 3)
-    from torchboost.recipe.race_report import format_markdown, format_report
+    from torchboost.race.report import format_markdown, format_report
 
     for text in (format_report(summary, 1), format_markdown(summary)):
         assert "whose next evaluation is also at or above it" in text and "last evaluation counts alone" in text
@@ -159,7 +159,7 @@ def test_a_run_stops_at_its_targets_only_once_a_later_evaluation_held_them():
     """The early stop (no --full-budget) waits for the confirming evaluation: a run stops at the first epoch
     where the hold rule is met with an evaluation after the crossing, never at the crossing itself."""
     from torchboost.recipe import load_resolved
-    from torchboost.recipe.race import builtin_racer, run_race
+    from torchboost.race.lanes import builtin_racer, run_race
 
     cfg, train_ds, eval_ds = load_resolved("digits-lenet", ["data.batch_size=64"])
     lanes = run_race(cfg, train_ds, eval_ds, [builtin_racer("sgd", cfg, (0.05,))], [0], (0.3,), epochs=5,
@@ -177,8 +177,8 @@ def test_a_racer_on_its_own_epoch_budget_anneals_over_it():
 
     from torchboost.recipe import load_resolved
     from torchboost.recipe.build import build_schedule
-    from torchboost.recipe.race import builtin_racer, run_race
-    from torchboost.recipe.race_report import is_thor
+    from torchboost.race.lanes import builtin_racer, run_race
+    from torchboost.race.report import is_thor
 
     cfg, train_ds, eval_ds = load_resolved("digits-lenet", ["data.batch_size=256", "schedule.mode=cosine"])
     built = {}
@@ -220,7 +220,7 @@ def test_race_cli_budgets_race_each_as_its_own_racer(tmp_path, capsys):
     assert "thor@1/best-other seconds-to-target" in text and "thor@2/best-other" in text
     runs = {r["optimizer"]: r for r in json.loads((out / "race.json").read_text())["runs"]}
     assert {n: len(r["history"]) for n, r in runs.items()} == {"sgd": 3, "thor@1": 1, "thor@2": 2}
-    from torchboost.recipe.race import parse_budgets, parse_lr_grids
+    from torchboost.race.lanes import parse_budgets, parse_lr_grids
 
     assert parse_budgets(["thor=6", "thor=8,6", "sgd=15"]) == {"thor": (6, 8), "sgd": (15,)}  # repeats add up
     assert parse_lr_grids(["sgd=0.1", "sgd=0.2,0.1"]) == {"sgd": (0.1, 0.2)}
@@ -272,7 +272,7 @@ def test_every_racer_warms_up_from_the_same_fraction_of_its_own_lr():
     same fraction of its lr, not at the recipe's absolute values."""
     from torchboost.recipe.build import build_schedule
     from torchboost.recipe.load import load_config
-    from torchboost.recipe.race import relative_schedule
+    from torchboost.race.lanes import relative_schedule
 
     cfg = load_config("mnist-lenet", ["schedule.lr_end=0.0005"])  # lr 0.05, warm-up from 0.005
     for lr in (0.001, 0.05, 0.2):
@@ -284,7 +284,7 @@ def test_every_racer_warms_up_from_the_same_fraction_of_its_own_lr():
 def test_the_ratio_carries_a_bootstrap_interval_over_seeds():
     """Racer a's seeds reach the target in 10/12/14 s, b's in 20 s each: the ratio of medians is 0.6, and every
     resample's ratio lies in [10/20, 14/20]; one seed per side gives no interval."""
-    from torchboost.recipe.race_report import ratio_interval
+    from torchboost.race.report import ratio_interval
 
     def lanes(name, seconds):
         return [Lane(name, 0.1, seed, None, None, None, seconds=s,

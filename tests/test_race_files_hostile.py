@@ -71,9 +71,9 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_every_field_of_a_race_file_with_hostile_values(selection, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("torchboost.recipe.race.run_race", lambda *a, **k: (_ for _ in ()).throw(Raced()))
+    monkeypatch.setattr("torchboost.race.lanes.run_race", lambda *a, **k: (_ for _ in ()).throw(Raced()))
     monkeypatch.setattr(cli, "__name__", cli.__name__)  # run_race is imported inside the command
-    import torchboost.recipe.race as race
+    import torchboost.race.lanes as race
 
     monkeypatch.setattr(race, "run_race", lambda *a, **k: (_ for _ in ()).throw(Raced()))
     paths = [p for p in leaves(selection) if p and p[0] in ("settings", "runs")]

@@ -1,4 +1,4 @@
-"""The test-split ledger (recipe.race_ledger): every (configuration, seed) a race evaluated on the test split, per
+"""The test-split ledger (race.ledger): every (configuration, seed) a race evaluated on the test split, per
 task; a seen seed and a configuration outside the task's confirmed selection are refused with one line, and races
 on a held-out split never touch it."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from torchboost.cli import main
 from torchboost.errors import ConfigError
-from torchboost.recipe.race_ledger import LEDGER_NAME, check_ledger, read_ledger, record
+from torchboost.race.ledger import LEDGER_NAME, check_ledger, read_ledger, record
 
 SELECTION = [("sgd@8", 0.05), ("muon", 0.02)]
 

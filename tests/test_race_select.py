@@ -1,4 +1,4 @@
-"""Select on a validation split, confirm frozen on fresh seeds, pool only like with like (recipe.race_select),
+"""Select on a validation split, confirm frozen on fresh seeds, pool only like with like (race.select),
 and the validation split itself (data.holdout): disjoint, stratified, unaugmented, augmentation streams kept."""
 
 import json
@@ -14,9 +14,9 @@ from torchboost.data.sampling import SampleIndex
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import ConfigError
 from torchboost.recipe import load_resolved
-from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import final_note, summarize
-from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, finalists, fixed_targets, lanes_of,
+from torchboost.race.lanes import Lane
+from torchboost.race.report import final_note, summarize
+from torchboost.race.select import (check_fresh_seeds, check_same_task, finalists, fixed_targets, lanes_of,
                                            fixed_targets_line, pooled_lanes, read_race, selections)
 
 
@@ -272,7 +272,7 @@ def test_a_pooled_report_records_every_seed_it_pooled(tmp_path, capsys):
 def test_a_variant_racer_is_the_config_train_would_run():
     """`sgd[weight_norm=pin]`: the optim key set for that racer only; a BatchNorm-fed conv keeps its norm."""
     from torchboost.recipe.build import build_model
-    from torchboost.recipe.race import variant_racer
+    from torchboost.race.lanes import variant_racer
 
     cfg, _, _ = load_resolved("resnet20-mnist5k")
     pinned, plain = variant_racer("sgd[weight_norm=pin]", cfg, (0.1,)), variant_racer("sgd", cfg, (0.1,))
@@ -351,7 +351,7 @@ def test_a_confirmation_on_a_folder_reads_test_and_every_figure_names_it(tmp_pat
 
 
 def test_a_grid_whose_winner_sits_at_its_edge_names_the_next_lr_out():
-    from torchboost.recipe.race_select import grid_edges
+    from torchboost.race.select import grid_edges
 
     def lane(name, lr, accs):
         hist = [{"epoch": i + 1, "seconds": float(i + 1), "val_top_1_accuracy": a} for i, a in enumerate(accs)]
@@ -372,7 +372,7 @@ def test_a_grid_whose_winner_sits_at_its_edge_names_the_next_lr_out():
 def test_the_race_flow_from_python_gives_the_commands_result(tmp_path, capsys):
     """`race(RaceRequest(...))` is `torchboost race` with the same arguments: the same runs, lrs, seeds and
     accuracies (the seconds differ: they are measured), and it says what the command prints."""
-    from torchboost.recipe.race_run import RaceRequest, race
+    from torchboost.race.run import RaceRequest, race
 
     args = dict(config="digits-lenet", set=["data.batch_size=64"], optimizers=["sgd", "muon"],
                 lr=["sgd=0.05", "muon=0.02"], epochs=1, seeds=1, targets=[0.3], holdout=300, evals_per_epoch=1)
@@ -394,7 +394,7 @@ def test_a_variant_of_another_optimizer_than_the_recipes_races():
     """`thor[damping_mode=trace]` on a recipe of SGD: the variant is THOR's config with that option (it was refused,
     "optim.thor is set but optim.name=sgd does not use it"), and the recipe's own config is untouched."""
     from torchboost.recipe.build import build_model
-    from torchboost.recipe.race import variant_racer
+    from torchboost.race.lanes import variant_racer
 
     cfg, _, _ = load_resolved("digits-lenet")
     assert cfg.optim.name == "sgd"

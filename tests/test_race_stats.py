@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from torchboost.errors import ConfigError
-from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import (fmt_hits, format_markdown, format_report, paired_bootstrap_ratio,
+from torchboost.race.lanes import Lane
+from torchboost.race.report import (fmt_hits, format_markdown, format_report, paired_bootstrap_ratio,
                                            ratio_interval, summarize, verdict)
-from torchboost.recipe.race_select import confirmation_targets, fixed_targets, read_race
+from torchboost.race.select import confirmation_targets, fixed_targets, read_race
 
 
 def lane(racer, seed, accs, seconds=None, lr=0.1):

@@ -1,4 +1,4 @@
-"""Racer names have one parser (`recipe.racer_name.parse_racer`), which the race, its reports, the select/confirm
+"""Racer names have one parser (`race.names.parse_racer`), which the race, its reports, the select/confirm
 protocol and benchmarks/race.py all use; choices listed once (the config's choices are the step's)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchboost.errors import ConfigError
-from torchboost.recipe.racer_name import RacerName, parse_racer
+from torchboost.race.names import RacerName, parse_racer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_no_other_module_takes_racer_names_apart():
     """The shapes `partition("[")` / `partition("@")` on a name appear only in the parser."""
     offenders = []
     for path in [*(ROOT / "torchboost").rglob("*.py"), ROOT / "benchmarks" / "race.py"]:
-        if path.name == "racer_name.py":
+        if path == ROOT / "torchboost" / "race" / "names.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "partition"

@@ -29,7 +29,7 @@ from torchboost.recipe.data import build_dataset
 from torchboost.recipe.kinds import DATA_KINDS
 from torchboost.recipe.load import load_config
 from torchboost.recipe.optimizers import DEFAULT_LR_GRID, RACE_POLICY, race_policy
-from torchboost.recipe.race import builtin_racer
+from torchboost.race.lanes import builtin_racer
 from torchboost.recipe.reference import select
 from torchboost.recipe.validation import validate
 

@@ -239,7 +239,7 @@ def test_predict_refuses_torch_exports_as_the_guide_says(tmp_path, capsys, suffi
 ])
 def test_a_race_suggests_only_batches_its_network_can_take(model, images, advice):
     from torchboost.recipe.load import load_config
-    from torchboost.recipe.race import race_setup
+    from torchboost.race.lanes import race_setup
 
     cfg = load_config("mnist-lenet", [f"model.name={model}", "data.batch_size=256"])
     _, lines = race_setup("mnist-lenet", cfg, images, 2)

@@ -17,7 +17,7 @@ from thor_nets import bn_convnet, dense_factors, run_updates
 from torchboost.optim.registry import OptimizerArgs, build_optimizer
 from torchboost.optim.thor import THOR, ThorOptions
 from torchboost.optim.thor.health import health_summary, health_warning, thor_health
-from torchboost.recipe.race_trace import layer_trace, traced_weights
+from torchboost.race.trace import layer_trace, traced_weights
 from torchboost.train.thor_health import HEALTH_FILE, ThorHealthMonitor
 
 

@@ -85,7 +85,7 @@ def test_ekfacs_relative_epsilon_changes_its_update():
 def test_the_new_options_are_racer_variants():
     """Each parses as a variant in optim.thor and builds (the race's own config is untouched)."""
     from torchboost.recipe import load_resolved
-    from torchboost.recipe.race import variant_racer
+    from torchboost.race.lanes import variant_racer
 
     cfg, _, _ = load_resolved("mnist-lenet-thor")
     for spec in ("thor[factor_decay=0.95]", "thor[decoupled_decay=true]", "thor[graft_layers=hidden]",

@@ -223,7 +223,7 @@ def test_each_option_is_a_racer_variant():
     """`thor[damping_mode=pi,...]` and the SOAP-Muon `thor_muon[ekfac_decay=...,inverse_root=2]` parse as
     variants, set in optim.thor, and build."""
     from torchboost.recipe import load_resolved
-    from torchboost.recipe.race import variant_racer
+    from torchboost.race.lanes import variant_racer
 
     cfg, _, _ = load_resolved("mnist-lenet-thor")
     for spec, want in (("thor[damping_mode=pi,inverse_root=2,project_radial=true]", ("pi", 2, True, None)),

@@ -16,9 +16,9 @@ import torch
 from test_own_data import make_folder
 from torchboost.cli import main
 from torchboost.data.folder import ImageFolder
-from torchboost.recipe.race import Lane, race_setup
-from torchboost.recipe.race_plot import race_figure
-from torchboost.recipe.race_report import summarize
+from torchboost.race.lanes import Lane, race_setup
+from torchboost.race.plot import race_figure
+from torchboost.race.report import summarize
 from torchboost.train.model import Model
 from torchboost.train.profiling import DataStarvationMonitor
 

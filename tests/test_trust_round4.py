@@ -341,7 +341,7 @@ def test_race_files_with_huge_numbers_or_forged_fields_are_one_line(tmp_path, fl
 def test_a_ledger_nested_100000_deep_is_one_line(tmp_path):
     """Measured: reading a --ledger of 100,000 nested lists (a RecursionError traceback before)."""
     from torchboost.errors import ConfigError
-    from torchboost.recipe.race_ledger import read_ledger
+    from torchboost.race.ledger import read_ledger
 
     path = tmp_path / "ledger.json"
     path.write_text("[" * 100_000 + "]" * 100_000)

@@ -73,7 +73,7 @@ def test_a_race_evaluates_with_the_recipes_tta():
     import torch
     from torch import nn
 
-    from torchboost.recipe.race import Lane
+    from torchboost.race.lanes import Lane
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(2 * 5 * 5, 3))  # not mirror-symmetric: the two counts differ

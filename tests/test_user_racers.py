@@ -114,7 +114,7 @@ def test_a_schedule_free_racer_holds_its_lr_after_the_warm_up():
     """In a race, schedule-free racers keep the recipe's warm-up and then hold the peak lr (their average replaces
     the decay); a racer that anneals ends its cosine near 0."""
     from torchboost.recipe import load_resolved
-    from torchboost.recipe.race import builtin_racer, run_race
+    from torchboost.race.lanes import builtin_racer, run_race
 
     cfg, train_ds, eval_ds = load_resolved("digits-lenet", ["data.batch_size=128"])
     racers = [builtin_racer("sgd_schedulefree", cfg, (0.5,)), builtin_racer("sgd", cfg, (0.05,))]

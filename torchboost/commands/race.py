@@ -71,7 +71,7 @@ def later_arguments(rc: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..recipe.race_run import RaceRequest, race
+    from ..race.run import RaceRequest, race
 
-    race(RaceRequest.of(args))  # the flow is the library's: select, confirm or report (recipe.race_run)
+    race(RaceRequest.of(args))  # the flow is the library's: select, confirm or report (race.run)
     return 0

@@ -6,6 +6,8 @@ never changes it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from torch import nn
@@ -58,6 +60,20 @@ def effective_lr(cfg: Config, world_size: int) -> float:
 def global_batch(cfg: Config, world_size: int) -> int:
     """Images per optimizer update across all processes."""
     return cfg.data.batch_size * world_size * cfg.train.accumulation_steps
+
+
+def with_optimizer(cfg: Config, name: str) -> Config:
+    """The recipe's config with optimizer `name`, as `race` and `lr-find` build each optimizer they compare: the
+    recipe's own optim values when it names the same optimizer, else that optimizer's defaults for momentum,
+    Nesterov and which parameters decay (the weight decay, its per-layer groups where supported, and the options
+    sections such as `optim.thor` carry)."""
+    o = cfg.optim
+    if name != o.name:
+        entry = get_optimizer(name)
+        o = dataclasses.replace(o, name=name, momentum=None, nesterov=None,
+                                weight_decay_groups=o.weight_decay_groups if entry.weight_decay_groups else {},
+                                decay_bn_and_bias=False)
+    return dataclasses.replace(cfg, optim=o)
 
 
 def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArgs:

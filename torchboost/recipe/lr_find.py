@@ -13,11 +13,10 @@ from torch.utils.data import Dataset
 from torchboost.data import build_loader
 from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
-from torchboost.recipe.build import build_loss, build_model, optimizer_from_config
+from torchboost.recipe.build import build_loss, build_model, optimizer_from_config, with_optimizer
 from torchboost.recipe.config import Config
 from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
-from torchboost.recipe.race import racer_config
 from torchboost.seed import seed_everything
 from torchboost.train.device import resolve_device
 from torchboost.train.lr_find import NEVER_FELL, LrFindResult, find_lr, lr_find_figure, lr_sweep
@@ -35,7 +34,7 @@ def lr_find(cfg: Config, train_ds: Dataset, names: Iterable[str], start: float =
     norm = input_norm(cfg.data)
     results = {}
     for name in names:
-        run = racer_config(cfg, name)
+        run = with_optimizer(cfg, name)
         seed_everything(cfg.train.seed)
         model = build_model(run).to(device)
         loader = build_loader(train_ds, run.data.batch_size, True, seed=cfg.train.seed)

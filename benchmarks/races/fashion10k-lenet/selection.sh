@@ -4,7 +4,7 @@
 # process per core, both running for each stage's whole length). The test split is not read.
 # Stage 1: every racer over a 4-lr grid at 8 epochs. `thor[project_radial=true]` is not raced: the CNN has no
 #   BatchNorm, so no conv is scale-invariant and the option leaves THOR's update unchanged.
-# Stage 2: each grid whose winner sits at an edge (at the confirmation's fixed targets: `race_select.grid_edges`)
+# Stage 2: each grid whose winner sits at an edge (at the confirmation's fixed targets: `race.select.grid_edges`)
 #   extended by one lr, the step its grid took there; stage 2b once more where the new lr wins at the new edge.
 # Stage 3: budgets 5 and 12 epochs for the four finalists (`race --finalists 4`'s rule on stages 1-2 pooled) at
 #   their chosen lrs — successive halving, as on the ResNet task.
@@ -65,7 +65,7 @@ done
 pool lenet-sel12 "${STAGES[@]}"
 mapfile -t FINAL < <(.venv/bin/python -c "
 from pathlib import Path
-from torchboost.recipe.race_select import finalists, read_race, selections
+from torchboost.race.select import finalists, read_race, selections
 for s in finalists(selections(read_race(Path('$S/lenet-sel12/race.json')), 'pool'), 4):
     print(f'{s.optimizer}={s.lr:g}')")
 echo "stage 3: ${FINAL[*]}"

@@ -2,8 +2,8 @@
 # Stages 2c and 3 of the Fashion-MNIST ResNet-20 selection (holdout 2000, seed 0, --full-budget, 2 evaluations an
 # epoch, one process per core).
 # Finalists, decided on the held-out split (stages 1, 2, 2b pooled) by the rule `race --frozen --finalists 4`
-# applies (`race_select.finalists`): the best THOR-family racer and the best three others, ranked at the
-# confirmation's fixed targets (`race_select.selections`): thor, soap, muon, adamw_schedulefree. Ranked so,
+# applies (`race.select.finalists`): the best THOR-family racer and the best three others, ranked at the
+# confirmation's fixed targets (`race.select.selections`): thor, soap, muon, adamw_schedulefree. Ranked so,
 # Muon's grid is won at its top edge (0.125), so stage 2c races muon=0.312 at 8 epochs first.
 # Stage 3: epoch budgets 5 and 12 for each finalist at its chosen lr — successive halving, since a 5- or 12-epoch
 # budget of a racer that trails at 8 decides nothing the confirmation compares. THOR's and SOAP's lrs do not
@@ -17,7 +17,7 @@ STAGES="runs/fashion-sel1-a/race.json runs/fashion-sel1-b/race.json runs/fashion
 lr_of() {  # the lr the pooled selection in $1 chooses for racer $2
   .venv/bin/python -c "
 from pathlib import Path
-from torchboost.recipe.race_select import read_race, selections
+from torchboost.race.select import read_race, selections
 print(next(f'{s.lr:g}' for s in selections(read_race(Path('$1')), 'pool') if s.optimizer == '$2'))"
 }
 budgets() {  # $1 = output name, then NAME=LR items, each raced at 5 and 12 epochs

@@ -2,7 +2,7 @@
 reached the target counting as infinity; reaching is the hold rule, `race.reached_at`), its hit rate k/n, ratios
 to the best other optimizer with a seed-paired bootstrap interval and the verdict it allows (faster only where
 the interval's upper bound is below 1), the final accuracy beside them, per-epoch cost relative to the first
-optimizer; the race's files and plot are `race_plot`'s."""
+optimizer; the race's files and plot are `race.plot`'s."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 from torchboost.errors import ConfigError, printable
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.optimizers import THOR_FAMILY, race_policy
-from torchboost.recipe.race import TARGET_RULE, Lane, reached_at
-from torchboost.recipe.racer_name import parse_racer
+from torchboost.race.lanes import TARGET_RULE, Lane, reached_at
+from torchboost.race.names import parse_racer
 
 
 def cpu_flags() -> str:
@@ -262,7 +262,7 @@ def final_note(summary: dict) -> str:
     return stop_note(r for f in finals for r in f.get("stopped", [""]))
 
 
-# why a run stopped before its budget (race.py's `Lane.stopped`) -> what that means for its final accuracy
+# why a run stopped before its budget (`lanes.Lane.stopped`) -> what that means for its final accuracy
 STOP_NOTES = {
     "reached and held every target": "some runs stopped at the targets: pass --full-budget to compare at matched "
                                      "budgets",

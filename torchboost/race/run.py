@@ -17,16 +17,16 @@ from torchboost.optim.registry import OPTIMIZERS
 from torchboost.recipe.data import split_source
 from torchboost.recipe.load import load_resolved, recipe_with_data
 from torchboost.recipe.optimizers import default_racers
-from torchboost.recipe.race import (Lane, budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race,
+from torchboost.race.lanes import (Lane, budget_racers, parse_budgets, parse_lr_grids, race_setup, run_race,
                                     variant_racer)
-from torchboost.recipe.race_ledger import check_ledger, default_ledger, read_ledger, record
-from torchboost.recipe.race_plot import write_results
-from torchboost.recipe.race_report import format_report, headline, is_thor, summarize
-from torchboost.recipe.race_select import (check_fresh_seeds, check_same_task, close_selection,
+from torchboost.race.ledger import check_ledger, default_ledger, read_ledger, record
+from torchboost.race.plot import write_results
+from torchboost.race.report import format_report, headline, is_thor, summarize
+from torchboost.race.select import (check_fresh_seeds, check_same_task, close_selection,
                                            confirmation_targets, finalists, frozen_racers, pooled_lanes,
                                            pooled_settings, raced_targets, read_race, selections)
-from torchboost.recipe.race_trace import trace_figure_path
-from torchboost.recipe.racer_name import parse_racer
+from torchboost.race.trace import trace_figure_path
+from torchboost.race.names import parse_racer
 from torchboost.train.device import device_name
 
 DEFAULT_RACE_TARGETS = (0.975, 0.98)
@@ -69,9 +69,9 @@ class RaceRequest:
 
 def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
     """`torchboost race` from Python, with the command's result: what it prints goes to `log`, what it writes to
-    `request.output`; returns the race's summary (`race_report.summarize`, with the split it was evaluated on).
+    `request.output`; returns the race's summary (`race.report.summarize`, with the split it was evaluated on).
     A --holdout race selects and fixes the confirmation's targets; --frozen confirms on the test split, recorded
-    in the ledger first; --report pools saved races (`race_report`)."""
+    in the ledger first; --report pools saved races (`race_report` below)."""
     if request.report:
         return race_report(request, log)
     torch.set_num_threads(request.threads)  # fixed and reported: timings depend on it
@@ -196,7 +196,7 @@ def raced_line(settings: dict, lanes: Sequence[Lane], files: Sequence[str]) -> s
 
 
 def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
-    """`race --report FILE...`: the table of saved races, pooled (`race_select.pooled_lanes`), without training;
+    """`race --report FILE...`: the table of saved races, pooled (`race.select.pooled_lanes`), without training;
     with `request.output` also the pooled race.json and race.png. Returns the pooled summary."""
     lanes = pooled_lanes([Path(p) for p in request.report])
     settings = read_race(Path(request.report[0]))["settings"]

@@ -17,8 +17,8 @@ from torchboost.errors import printable
 from torchboost.escape import plot_label
 from torchboost.fileio import atomic_path, atomic_write, confine_writes
 from torchboost.plotting import pyplot
-from torchboost.recipe.race import Lane
-from torchboost.recipe.race_report import cpu_flags, fmt_target
+from torchboost.race.lanes import Lane
+from torchboost.race.report import cpu_flags, fmt_target
 from torchboost.train.device import device_name
 
 MEDIAN_SEEDS = 3  # seeds a median line needs

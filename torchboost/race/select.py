@@ -7,7 +7,7 @@
 2. `race --frozen SELECTION/race.json --first-seed S` races each optimizer at the one (lr, budget) the selection
    chose, on fresh seeds, on the test split, at the selection's fixed targets (`confirmation_targets`): the
    reported seconds and accuracies were not used to choose them, nor were the lines they are measured against.
-   Every (configuration, seed) it evaluates on the test split goes into the task's ledger (`race_ledger`).
+   Every (configuration, seed) it evaluates on the test split goes into the task's ledger (`race.ledger`).
 
 Races run in several processes (one per core) are pooled only when every process raced the same racers, and a
 (racer, lr, seed) run that appears twice is counted once (`pooled_lanes`): a racer raced alone, on a quieter
@@ -26,9 +26,9 @@ from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain, in_float_range, load_json
 from torchboost.recipe.config import Config
-from torchboost.recipe.race import Lane, Racer, budget_racers, variant_racer
-from torchboost.recipe.racer_name import parse_racer
-from torchboost.recipe.race_report import STOP_NOTES, fmt_target, is_thor, reach_key, stop_note, summarize
+from torchboost.race.lanes import Lane, Racer, budget_racers, variant_racer
+from torchboost.race.names import parse_racer
+from torchboost.race.report import STOP_NOTES, fmt_target, is_thor, reach_key, stop_note, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -75,7 +75,7 @@ SETTINGS_KINDS = {**dict.fromkeys(("recipe", "evaluated_on", "torch", "cpu_flags
                   "full_budget": bool, "overrides": list, "pooled": list, "targets": list, "fixed_targets": dict}
 MAX_TEXT = 4096
 MAX_RUNS, MAX_EVALUATIONS, MAX_NAME = 10_000, 100_000, 200
-STOPPED = ("", "epoch budget", *STOP_NOTES)  # why a run ended (race.py's Lane.stopped): a forged one forges a note
+STOPPED = ("", "epoch budget", *STOP_NOTES)  # why a run ended (lanes.Lane.stopped): a forged one forges a note
 
 
 def check_race_schema(data: dict, source: str) -> None:

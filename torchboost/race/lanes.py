@@ -31,13 +31,13 @@ from torch.utils.data import Dataset
 from torchboost.data import build_loader, set_epoch
 from torchboost.errors import ConfigError, TrainingError
 from torchboost.optim.registry import get_optimizer
-from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config
+from torchboost.recipe.build import build_loss, build_model, build_schedule, optimizer_from_config, with_optimizer
 from torchboost.recipe.config import Config, merge, parse_override
 from torchboost.recipe.data import input_norm
 from torchboost.recipe.optimizers import race_policy
-from torchboost.recipe.race_trace import layer_trace, traced_weights
+from torchboost.race.trace import layer_trace, traced_weights
 from torchboost.plaindata import ascii_number
-from torchboost.recipe.racer_name import parse_racer
+from torchboost.race.names import parse_racer
 from torchboost.recipe.resolve import MIN_UPDATES, fit_batch, more_updates
 from torchboost.recipe.validation import validate
 from torchboost.seed import seed_everything
@@ -82,24 +82,11 @@ def race_setup(recipe: str, cfg: Config, images: int, epochs: int | str) -> tupl
     return cfg, lines
 
 
-def racer_config(cfg: Config, name: str) -> Config:
-    """The recipe's config with optimizer `name`: the recipe's own optim values when it names the same
-    optimizer, else that optimizer's defaults for momentum, Nesterov and which parameters decay (the weight
-    decay, its per-layer groups where supported, and the options sections such as `optim.thor` carry)."""
-    o = cfg.optim
-    if name != o.name:
-        entry = get_optimizer(name)
-        o = dataclasses.replace(o, name=name, momentum=None, nesterov=None,
-                                weight_decay_groups=o.weight_decay_groups if entry.weight_decay_groups else {},
-                                decay_bn_and_bias=False)
-    return dataclasses.replace(cfg, optim=o)
-
-
 def builtin_racer(name: str, cfg: Config, lrs: Iterable[float] | None = None) -> Racer:
     """A registered optimizer (torchboost.optim.registry), built exactly as `torchboost train` builds it
     (same builder, fused kernels, options), over `lrs` or its race lr grid (`recipe.optimizers.race_policy`)."""
     policy = race_policy(name)
-    racer_cfg = racer_config(cfg, name)
+    racer_cfg = with_optimizer(cfg, name)
 
     def build(model: nn.Module, lr: float, steps: int, epochs: int) -> torch.optim.Optimizer:
         run = dataclasses.replace(racer_cfg, train=dataclasses.replace(racer_cfg.train, epochs=epochs))
@@ -122,7 +109,7 @@ def variant_racer(spec: str, cfg: Config, lrs: Iterable[float] | None = None) ->
     entry = get_optimizer(racer.base)
     section = cfg.optim.options.get(entry.options_key) if entry.options_key else None
     own = {f.name for f in dataclasses.fields(section)} if section is not None else set()
-    variant = copy.deepcopy(racer_config(cfg, racer.base))  # its own optimizer first: a recipe of SGD races THOR's
+    variant = copy.deepcopy(with_optimizer(cfg, racer.base))  # its own optimizer first: a recipe of SGD races THOR's
     for key, value in racer.options:
         if key in RACE_SETS:  # the race sets these per lane: a variant's value would be silently overruled
             raise ConfigError(f"racer {spec[:80]!r} sets optim.{key}, which the race sets for every racer",
@@ -215,7 +202,7 @@ class Lane:
     budget: int = 0  # epochs this run may train (its racer's budget, else the race's)
     device: torch.device = torch.device("cpu")
     optimizer: torch.optim.Optimizer | None = None
-    trace: bool = False  # race --trace: each epoch's row gets the layers' last update (race_trace)
+    trace: bool = False  # race --trace: each epoch's row gets the layers' last update (race.trace)
     before: dict | None = field(default=None, repr=False)  # with trace: the weights before that update
     traced: dict | None = field(default=None, repr=False)  # with trace: the epoch's row of layer_trace
     input_norm: tuple | None = None  # (mean, std) of uint8 batches, normalised on the device as the step does
@@ -326,7 +313,7 @@ def run_race(cfg: Config, train_ds: Dataset, eval_ds: Dataset, racers: list[Race
     epoch: epoch, seconds (cumulative training time), val_top_1_accuracy, train_loss, order (position in
     the interleaved sequence of all runs' epochs); `evals_per_epoch` > 1 adds rows inside each epoch (its
     epoch a fraction), so a target's time is read finer than whole epochs; with `trace`, also the lr and each
-    layer's last update of the epoch (race_trace.layer_trace)."""
+    layer's last update of the epoch (race.trace.layer_trace)."""
     if not racers or not targets:
         raise ConfigError("a race needs at least one optimizer and one target", "pass --optimizers and --targets")
     if not all(0 < t <= 1 for t in targets):
