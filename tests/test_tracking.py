@@ -270,3 +270,47 @@ def test_no_store_a_resumed_file_names_is_touched(tmp_path, monkeypatch, one_thr
     assert not outside.exists() and sorted(os.listdir(tmp_path)) == ["outside", "run"][1:]
     assert "a file never chooses where data goes" in said and "\nerror: forged" not in said
     assert steps(client_for(out), only_run(client_for(out)).info.run_id, "val_top_1_accuracy") == [1, 2]
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "file"])
+def test_a_users_local_store_keeps_the_artifacts_in_the_run_folder_not_in_mlruns(tmp_path, monkeypatch, one_thread,
+                                                                                scheme):
+    """MLFLOW_TRACKING_URI naming a database or file store of the user's: the experiment torchboost creates keeps
+    its artifacts in OUTPUT/mlflow/artifacts, where MLflow's default would be ./mlruns of the current folder; a
+    second run in that experiment from another folder is told where its artifacts went; a server keeps its own."""
+    from mlflow.tracking import MlflowClient
+
+    from torchboost.recipe.config import build_config
+
+    cwd, store = tmp_path / "cwd", tmp_path / "store"
+    cwd.mkdir()
+    store.mkdir()
+    monkeypatch.chdir(cwd)
+    uri = f"sqlite:///{store / 'mlflow.db'}" if scheme == "sqlite" else (store / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses its file store unless told
+    cfg = build_config({"name": "job"}, ["train.loggers=[mlflow]"])
+    said = []
+    for out in (tmp_path / "run", tmp_path / "other"):
+        ckpt = ModelCheckpoint("tiny", out / "ckpt")
+        logger = mlflow_logger(cfg, out, ckpt)
+        assert (logger.tracking_uri, logger.confine) == (uri, None)  # the user's store, never moved
+        model = tiny_model(seed=0)
+        out.mkdir()
+        (out / "config.yaml").write_text("name: job\n")
+        model.train(1, build_loader(TensorDataset(*tiny_data(16, seed=1)), 8, True, seed=3), [ckpt, logger],
+                    log_fn=said.append)
+    client = MlflowClient(uri)
+    first, second = sorted(client.search_runs([client.get_experiment_by_name("job").experiment_id]),
+                           key=lambda r: r.info.start_time)
+    for run in (first, second):
+        assert artifact_dir(run).is_relative_to(tmp_path / "run" / "mlflow" / "artifacts")  # the experiment's
+        assert (artifact_dir(run) / "config.yaml").read_text() == "name: job\n"
+        assert [p.name for p in (artifact_dir(run) / "checkpoints").iterdir()] == ["tiny-1_2.pt"]
+    assert os.listdir(cwd) == []  # no ./mlruns
+    started = [line for line in said if line.startswith("mlflow: run")]
+    assert "artifacts go to" not in started[0] and f"artifacts go to {first.info.artifact_uri[:-len(first.info.run_id) - 11]}" \
+        in started[1] and "train.mlflow.experiment" in started[1], started
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://tracking.example:5000")
+    assert mlflow_logger(cfg, tmp_path / "run", ModelCheckpoint("m", tmp_path / "c")).artifact_location is None

@@ -18,7 +18,8 @@ from torchboost.train.callbacks import (CheckpointConfig, EarlyStopping, FreezeB
 from torchboost.train.profiling import DataStarvationMonitor, ProfilerCallback
 from torchboost.train.state import Callback
 from torchboost.train.thor_health import ThorHealthMonitor
-from torchboost.train.tracking import MLflowLogger, local_store, tracking_uri_from_env
+from torchboost.train.tracking import (MLflowLogger, artifact_folder, artifacts_here, local_store,
+                                      tracking_uri_from_env)
 
 
 def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: Optional[str],
@@ -59,13 +60,17 @@ def build_callbacks(cfg: Config, out: Path, train_loader: DataLoader, profile: O
 
 def mlflow_logger(cfg: Config, out: Path, ckpt_cb: ModelCheckpoint) -> MLflowLogger:
     """The store: train.mlflow.tracking_uri, else MLFLOW_TRACKING_URI, else OUTPUT/mlflow (a SQLite file and its
-    artifacts, nothing written outside the run folder). Parameters: the resolved config, flat; artifacts at the
+    artifacts, nothing written outside the run folder). A database or file store of the user's own creates its
+    experiments with their artifacts in OUTPUT/mlflow/artifacts (MLflow's default is ./mlruns of the current
+    folder); a tracking server keeps them where it says. Parameters: the resolved config, flat; artifacts at the
     end: the best checkpoint (else the last) and config.yaml."""
     m = cfg.train.mlflow
     uri = m.tracking_uri or tracking_uri_from_env()
     location, confine = None, None
     if uri is None:
         (uri, location), confine = local_store(out), out
+    elif artifacts_here(uri):  # the user's database or file store: artifacts in the run folder, not ./mlruns
+        location = artifact_folder(out)
 
     def artifacts() -> list[tuple[Optional[Path], Optional[str]]]:
         best = ckpt_cb.best_path if ckpt_cb.best is not None and ckpt_cb.best_path.is_file() else ckpt_cb.last_path

@@ -193,7 +193,9 @@ LOGGERS = ("tensorboard", "csv", "mlflow")
 class MlflowSection:
     tracking_uri: Optional[str] = option(None, help="train.loggers has mlflow: the tracking store (sqlite:///PATH, "
                                                     "http://HOST:5000, ...), this key before MLFLOW_TRACKING_URI; unset: "
-                                                    "MLFLOW_TRACKING_URI when set, else OUTPUT/mlflow/mlflow.db")
+                                                    "MLFLOW_TRACKING_URI when set, else OUTPUT/mlflow/mlflow.db; "
+                                                    "a database or file store's new experiments keep their "
+                                                    "artifacts in OUTPUT/mlflow/artifacts, a server's where it says")
     experiment: Optional[str] = option(None, help="train.loggers has mlflow: the MLflow experiment; unset: the run's "
                                                   "name")
 

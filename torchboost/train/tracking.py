@@ -75,6 +75,21 @@ def tracking_uri_from_env() -> Optional[str]:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+SERVER_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")  # the server decides where artifacts go
+
+
+def artifacts_here(tracking_uri: str) -> bool:
+    """Whether MLflow's client, not a tracking server, writes a run's artifacts for a store at `tracking_uri`:
+    a database (SQLite, PostgreSQL...) or file store, whose experiments created without a location put them in
+    ./mlruns of whatever folder the process runs in; a server (http, Databricks) stores them where it says."""
+    return urlparse(tracking_uri).scheme.lower() not in SERVER_SCHEMES
+
+
+def artifact_folder(folder: str | os.PathLike) -> str:
+    """The artifact location (a file: URI) of experiments created for a run in `folder`: FOLDER/mlflow/artifacts."""
+    return (Path(os.path.abspath(folder)) / "mlflow" / "artifacts").as_uri()
+
+
 def local_store(folder: str | os.PathLike) -> tuple[str, str]:
     """(tracking URI, artifact location) of a store kept inside `folder`: FOLDER/mlflow/mlflow.db (SQLite, the
     store MLflow 3 recommends: its file store refuses to start unless told to) and FOLDER/mlflow/artifacts."""
@@ -84,7 +99,7 @@ def local_store(folder: str | os.PathLike) -> tuple[str, str]:
                           "choose another --output, or set train.mlflow.tracking_uri")
     if os.path.lexists(root / "mlflow.db"):  # a FIFO there held SQLite for minutes of retries and warnings
         check_regular(root / "mlflow.db", OutputError)
-    return f"sqlite:///{root / 'mlflow.db'}", (root / "artifacts").as_uri()
+    return f"sqlite:///{root / 'mlflow.db'}", artifact_folder(folder)
 
 
 def param_text(value: Any, limit: int = MAX_PARAM) -> str:
@@ -149,8 +164,8 @@ def _one_line(e: BaseException) -> str:
 class MLflowLogger(Callback):
     """Logs to MLflow at `tracking_uri` (rank 0 only; other ranks make no MLflow call and import nothing):
 
-    - at the start, a run in `experiment` (created when missing, with `artifact_location` when given) named
-      `run_name`, with `params` (flat {dotted key: value}; values as `param_text`) and `tags`; a resumed
+    - at the start, a run in `experiment` (created when missing, with `artifact_location` when given: an
+      existing experiment keeps its own, which the start-up line names when it differs) named `run_name`, with `params` (flat {dotted key: value}; values as `param_text`) and `tags`; a resumed
       training reopens the run of its checkpoint instead;
     - after each epoch, every numeric result of the epoch (history.jsonl's row: train loss and accuracy, val
       top-1/top-5/loss, lr, time...) at step = the epoch;
@@ -274,7 +289,17 @@ class MLflowLogger(Callback):
                          tags={k: param_text(v, self._limit("MAX_TAG_VAL_LENGTH", MAX_TAG)) for k, v in self.tags.items()})
         self.run_id = run.info.run_id
         self._log_params(self.params)
-        state.log(f"mlflow: run {self.run_id} in experiment '{self.experiment}' at {self.tracking_uri}")
+        state.log(f"mlflow: run {self.run_id} in experiment '{self.experiment}' at {self.tracking_uri}"
+                  + self._artifacts_said(run.info.artifact_uri))
+
+    def _artifacts_said(self, artifact_uri: str) -> str:
+        """Where the run's artifacts go, when that is a local folder other than the one asked for: an experiment
+        keeps the location it was created with (an earlier run's folder, or the user's choice)."""
+        wanted = self.artifact_location
+        if wanted is None or not artifact_uri or artifact_uri.startswith(wanted.rstrip("/") + "/"):
+            return ""
+        return (f"; its artifacts go to {artifact_uri}, the experiment's location since it was created (a new "
+                "train.mlflow.experiment keeps them in this run folder)")
 
     def _reopen(self, state: TrainState) -> Any:
         """The checkpoint's run, marked running again; None (a new run follows) when the store does not hold it."""
