@@ -57,7 +57,7 @@ def test_train_subset_from_the_config_and_a_holdout_on_top(tmp_path):
     _, train_ds, eval_ds = load_resolved(None, [*base, "data.train_subset=40"])
     assert len(train_ds) == 40 and len(eval_ds) == 20  # the test split is whole
     cfg, train_ds, eval_ds = load_resolved(None, [*base, "data.train_subset=40"], holdout=10)
-    assert (len(train_ds), len(eval_ds)) == (30, 10)
+    assert (len(train_ds), len(eval_ds)) == (40, 10)  # held out of the 20 outside the subset: it trains on 40
     assert sorted(int(y) for _, y in (eval_ds[i] for i in range(10))) == list(range(10))  # one held out per class
     with pytest.raises(ConfigError, match="training split holds 60"):
         load_resolved(None, [*base, "data.train_subset=100"])

@@ -103,10 +103,10 @@ def test_a_confirmation_races_the_fixed_targets_and_no_others(tmp_path):
     fixed = fixed_targets(summarize([lane(r["optimizer"], r["seed"], [h["val_top_1_accuracy"] for h in r["history"]])
                                      for r in runs], [0.5, 0.9]))
     data = race_file(tmp_path / "sel.json", runs, fixed=fixed)
-    assert confirmation_targets(data, "sel", None) == tuple(fixed["targets"])
-    assert confirmation_targets(data, "sel", fixed["targets"]) == tuple(fixed["targets"])
-    with pytest.raises(ConfigError, match="fixed the confirmation's targets"):
-        confirmation_targets(data, "sel", [0.5, 0.9])
+    assert confirmation_targets(data, "sel", None) == tuple(fixed["targets"])  # its progress; the rule sets its own
+    for given in (fixed["targets"], [0.5, 0.9]):
+        with pytest.raises(ConfigError, match="a confirmation's targets are the best rival's median final"):
+            confirmation_targets(data, "sel", given)
     with pytest.raises(ConfigError, match="fixes no targets"):
         confirmation_targets(race_file(tmp_path / "old.json", runs), "old", None)
     edited = dict(fixed, targets=[0.5, 0.6])  # written by hand, not by the rule from its runs

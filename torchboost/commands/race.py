@@ -32,8 +32,9 @@ def later_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--lr", action="append", metavar="NAME=LR,LR",
                     help="lr grid of one optimizer, e.g. sgd=0.01,0.02,0.05 (repeatable; defaults per optimizer)")
     rc.add_argument("--targets", nargs="+", type=accuracy_target, help="validation top-1 targets (default 0.975 0.98; with "
-                                                              "--report: the saved race's; with --frozen: the ones "
-                                                              "its selection fixed)")
+                                                              "--report: the saved race's; refused with --frozen, "
+                                                              "whose targets are the best rival's median final less "
+                                                              "1.5 and 0.3 points on the test split)")
     rc.add_argument("--seeds", type=int_between(1, 100), default=3, help="seeds FIRST..FIRST+N-1 (each racer the "
                                                                         "same inits and batch orders)")
     rc.add_argument("--first-seed", type=int_between(0, 2**31 - 1), default=0,
@@ -54,10 +55,12 @@ def later_arguments(rc: argparse.ArgumentParser) -> None:
     rc.add_argument("--output", "-o", help="folder for race.json and race.png (default runs/race-<recipe name>)")
     rc.add_argument("--holdout", type=int_between(1, 10**9), default=0, metavar="N",
                     help="select on N training samples held out as a validation split (stratified, not augmented; "
-                         "the test split is not read), then confirm with --frozen")
+                         "outside data.train_subset when set; the test split is not read): each optimizer's lr and "
+                         "budget by median seconds to the lower target, then confirm with --frozen")
     rc.add_argument("--frozen", metavar="RACE_JSON",
                     help="race each optimizer at the lr and budget a --holdout race chose (its race.json), on the test "
-                         "split and fresh seeds (--first-seed past the selection's)")
+                         "split and fresh seeds (--first-seed past the selection's), every run its whole budget, "
+                         "trained on the selection's training images")
     rc.add_argument("--finalists", type=int_between(2, 1000), metavar="K",
                     help="with --frozen: confirm only the selection's best THOR-family racer and its K-1 best others "
                          "(ranked on its held-out split), when confirming every racer costs too much")

@@ -1,5 +1,6 @@
 """A validation split carved from the training set (what a race selects on, so the test split stays unseen), and a
-stratified subset of it (`data.train_subset`: a smaller task drawn from a large set, the same images for every run).
+stratified subset of it (`data.train_subset`: a smaller task drawn from a large set, the same images for every run);
+with a subset, a selection's held-out images come from outside it (`selection_split`).
 
 torch's `Subset` would hand the wrapped set plain ints, and a `SampleIndex` (the sampler's index that carries the
 seed and epoch of the sample's augmentation stream) would lose its stream: `IndexSubset` maps the index and
@@ -81,6 +82,26 @@ def holdout_split(train: Dataset, plain: Dataset, count: int, seed: int = 0) -> 
                           f"hold out between 1 and {n - 1} samples (e.g. {max(1, n // 5)})")
     keep, held = _draw(train, count, seed)
     return IndexSubset(train, keep), IndexSubset(plain, held)
+
+
+def selection_split(train: Dataset, plain: Dataset, count: int, subset: int | None = None, seed: int = 0
+                    ) -> tuple[IndexSubset, IndexSubset]:
+    """(training images, held-out images) of a selection, so that it trains on as many images as the runs it
+    chooses for: with `subset` (`data.train_subset`), the training images are that subset (`stratified_subset`'s
+    draw, as a run on the subset trains on) and the `count` held out are drawn from the rest of the split;
+    without, `count` are carved out of the training split (`holdout_split`) and a confirmation leaves the same
+    ones out. `plain`: the training split unaugmented (what the held-out images are evaluated on)."""
+    if not subset:
+        return holdout_split(train, plain, count, seed)
+    if len(plain) != len(train):
+        raise ValueError(f"the augmented and plain training sets differ in length ({len(train)} vs {len(plain)})")
+    kept = stratified_subset(train, subset, seed).indices
+    rest = np.setdiff1d(np.arange(len(train)), kept)
+    if not 0 < count <= len(rest):
+        raise ConfigError(f"a holdout of {count} samples from the {len(rest)} outside data.train_subset={subset}",
+                          f"hold out at most {len(rest)} (or lower data.train_subset)")
+    _, held = _draw(IndexSubset(plain, rest), count, seed)
+    return IndexSubset(train, kept), IndexSubset(plain, rest[held])
 
 
 def stratified_subset(dataset: Dataset, count: int, seed: int = 0) -> IndexSubset:

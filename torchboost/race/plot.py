@@ -25,11 +25,12 @@ MEDIAN_SEEDS = 3  # seeds a median line needs
 
 
 def write_results(lanes: Sequence[Lane], summary: dict, meta: dict, out: Path) -> tuple[Path, Path]:
-    """race.json (every run's per-epoch history, the summary, the settings) and race.png."""
+    """race.json (every run's per-epoch history, the summary, the settings) and race.png. The torch threads
+    recorded are the runs' (`meta["threads"]`: a pooled report's files'), else this process's (a live race)."""
     runs = [{"optimizer": l.racer, "lr": l.lr, "seed": l.seed, "stopped": l.stopped, "history": l.history}
             for l in lanes]
-    meta = {**meta, "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_flags": cpu_flags(),
-            "device": device_name(lanes[0].device) if lanes else "cpu"}
+    meta = {**meta, "torch": torch.__version__, "threads": meta.get("threads", torch.get_num_threads()),
+            "cpu_flags": cpu_flags(), "device": device_name(lanes[0].device) if lanes else "cpu"}
     path = out / "race.json"
     with confine_writes(out):  # race.json or race.png a link out of the race's folder: refused, not followed
         atomic_write(path, json.dumps({"settings": meta, "summary": summary, "runs": runs}, indent=1,

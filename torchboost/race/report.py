@@ -39,7 +39,8 @@ def time_to_target(lane: Lane, target: float) -> tuple[float, float]:
 
 def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
     """{target: {racer: {lr, reached, seeds, median_epochs, median_seconds, seconds, per_lr: [...]}}} plus each
-    racer's median seconds per epoch. Each racer is reported at ONE lr across targets (`chosen_lr`), so its
+    racer's median seconds per epoch (a run's training seconds over the epochs it trained: its last evaluation's
+    epoch, whatever the evaluations an epoch). Each racer is reported at ONE lr across targets (`chosen_lr`), so its
     row for every target is the same runs: the lr with the fewest median seconds (then epochs) to the highest
     target it reaches on the median seed (the lowest target when it reaches none)."""
     racers = list(dict.fromkeys(l.racer for l in lanes))
@@ -47,7 +48,8 @@ def summarize(lanes: Sequence[Lane], targets: Sequence[float]) -> dict:
     per_target: dict = {}
     for name in racers:
         mine = [l for l in lanes if l.racer == name]
-        out["seconds_per_epoch"][name] = statistics.median(l.seconds / len(l.history) for l in mine if l.history)
+        out["seconds_per_epoch"][name] = statistics.median(l.seconds / l.history[-1]["epoch"] for l in mine
+                                                           if l.history and l.history[-1]["epoch"] > 0)
         per_target[name] = {t: _per_lr(lanes, name, t) for t in targets}
         out["chosen_lr"][name] = _chosen_lr(per_target[name], targets)
         out["final"][name] = _final([l for l in mine if l.lr == out["chosen_lr"][name]])
@@ -215,7 +217,7 @@ def headline(summary: dict, name: str) -> str:
             "1): " + ", ".join(parts))
 
 
-def format_report(summary: dict, threads: int, device: str = "cpu") -> str:
+def format_report(summary: dict, threads: int | str, device: str = "cpu") -> str:
     """The table users read: per target and racer the best lr, hit rate k/n, median epochs/seconds, the ratio to
     the best other with its interval and verdict, and the final top-1 beside them."""
     first = next(iter(summary["seconds_per_epoch"]))

@@ -22,9 +22,10 @@ from torchboost.race.lanes import (Lane, budget_racers, parse_budgets, parse_lr_
 from torchboost.race.ledger import check_ledger, default_ledger, read_ledger, record
 from torchboost.race.plot import write_results
 from torchboost.race.report import format_report, headline, is_thor, summarize
-from torchboost.race.select import (check_fresh_seeds, check_same_task, close_selection,
-                                           confirmation_targets, finalists, frozen_racers, pooled_lanes,
-                                           pooled_settings, raced_targets, read_race, selections)
+from torchboost.race.choice import few_seeds
+from torchboost.race.select import (check_fresh_seeds, check_same_task, close_selection, confirmation_targets,
+                                    finalists, fixed_targets, fixed_targets_line, frozen_racers, lanes_of,
+                                    pooled_lanes, pooled_settings, raced_targets, read_race, selections)
 from torchboost.race.trace import trace_figure_path
 from torchboost.race.names import parse_racer
 from torchboost.train.device import device_name
@@ -70,8 +71,9 @@ class RaceRequest:
 def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
     """`torchboost race` from Python, with the command's result: what it prints goes to `log`, what it writes to
     `request.output`; returns the race's summary (`race.report.summarize`, with the split it was evaluated on).
-    A --holdout race selects and fixes the confirmation's targets; --frozen confirms on the test split, recorded
-    in the ledger first; --report pools saved races (`race_report` below)."""
+    A --holdout race selects (`race.select`: ranked at the lower target, the one-image check); --frozen confirms on
+    the test split, recorded in the ledger first, every run its whole budget on the selection's training images,
+    at targets the rule sets from its own runs; --report pools saved races (`race_report` below)."""
     if request.report:
         return race_report(request, log)
     torch.set_num_threads(request.threads)  # fixed and reported: timings depend on it
@@ -100,7 +102,7 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
         log(note)
     targets = tuple(request.targets or DEFAULT_RACE_TARGETS)
     seeds = range(request.first_seed, request.first_seed + request.seeds)
-    chosen = None
+    chosen, leave_out, selected_on = None, 0, None
     ledger = Path(request.ledger) if request.ledger else default_ledger(request.frozen) if request.frozen else None
     if request.frozen:  # before any data is read: a wrong selection file is a one-line error at once
         selection = read_race(Path(request.frozen))
@@ -108,6 +110,10 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
         targets = confirmation_targets(selection, request.frozen, request.targets)
         check_fresh_seeds(selection, request.frozen, seeds)
         chosen = selections(selection, request.frozen)
+        for line in few_seeds(lanes_of(selection, request.frozen)):
+            log(f"{line} (in the selection {request.frozen})")
+        leave_out = selection["settings"]["holdout"]  # trained on what the selection trained on
+        selected_on = selection["settings"].get("training_images")
         if request.finalists:
             kept = finalists(chosen, request.finalists)
             log(f"finalists (the selection's best THOR-family racer and best others, on its held-out split): "
@@ -119,15 +125,19 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
                      [(s.racer, s.lr) for s in chosen or ()], seeds)
     # a confirmation, and any race the ledger records, reads the test split itself (refused when missing), never a
     # folder's val/
-    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=request.holdout,
+    cfg, train_ds, eval_ds = load_resolved(built=built, holdout=request.holdout, leave_out=leave_out,
                                            exact_split="test" if ledger else None)  # the recipe read once
+    if selected_on is not None and selected_on != len(train_ds):
+        raise ConfigError(f"{request.frozen} selected training on {selected_on:g} images, this confirmation "
+                          f"would train on {len(train_ds)}", "confirm with the selection's data and version (or select again)")
     evaluated = (f"{request.holdout} training samples held out of {split_source(cfg.data, 'train')}" if request.holdout
                  else split_source(cfg.data, "test", exact=ledger is not None))
     selected = sorted({s.epochs for s in chosen or () if s.epochs})  # a frozen racer trains its selected budget
     epochs = (f"{' or '.join(map(str, selected))} (each racer its selected budget)" if chosen and selected
               and all(s.epochs for s in chosen) else request.epochs or cfg.train.epochs)
     cfg, lines = race_setup(request.config, cfg, len(train_ds), epochs)
-    lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images")
+    lines.append(f"evaluated on {evaluated}: {len(eval_ds)} images; training on {len(train_ds)}"
+                 + (" (the selection's: its held-out images left out)" if leave_out else ""))
     if request.holdout:
         lines.append(f"selecting on {request.holdout} training samples held out (the test split is not read); confirm "
                      "with --frozen OUTPUT/race.json on fresh seeds")
@@ -151,7 +161,8 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
             "epochs": request.epochs or cfg.train.epochs, "time_budget_s": request.time_budget,
             "batch_size": cfg.data.batch_size, "updates_per_epoch": len(train_ds) // cfg.data.batch_size,
             "holdout": request.holdout, "frozen": request.frozen, "finalists": request.finalists,
-            "full_budget": request.full_budget,
+            "full_budget": request.full_budget or chosen is not None, "training_images": len(train_ds),
+            "threads": request.threads,
             "evaluated_on": evaluated, "evaluation_images": len(eval_ds), "ledger": str(ledger) if ledger else None}
     out = Path(request.output or f"runs/race-{cfg.name}")
     check_output_folder(out)  # before the first epoch, not at the first save
@@ -161,18 +172,23 @@ def race(request: RaceRequest, log: Callable[[str], None] = print) -> dict:
         log(f"test-split ledger: {ledger}")
 
     def save(lanes: list) -> tuple[Path, Path]:
-        return write_results(lanes, {**summarize(lanes, targets), "evaluated_on": evaluated}, meta, out)
+        return write_results(lanes, {**summarize(lanes, meta["targets"]), "evaluated_on": evaluated}, meta, out)
 
+    # a confirmation trains every run its whole budget: its targets are set by its own runs when they end
     lanes = run_race(cfg, train_ds, eval_ds, racers, seeds, targets, epochs=request.epochs,
-                     time_budget_s=request.time_budget, stop_at_targets=not request.full_budget, on_round=save,
+                     time_budget_s=request.time_budget, stop_at_targets=not meta["full_budget"], on_round=save,
                      trace=request.trace, evals_per_epoch=request.evals_per_epoch)
+    if chosen is not None:  # the rule on the test split: the best rival's median seed reaches both targets
+        meta["fixed_targets"] = fixed_targets(summarize(lanes, targets))
+        targets = meta["targets"] = tuple(meta["fixed_targets"]["targets"])
+        log(fixed_targets_line(meta["fixed_targets"], "the test split"))
     summary = {**summarize(lanes, targets), "evaluated_on": evaluated}  # every figure names its split
     log(format_report(summary, request.threads, device_name(lanes[0].device)))
     for racer in racers:
         if is_thor(racer.name) and len(racers) > 1:
             log(headline(summary, racer.name))
-    if request.holdout:  # the selection ends: the confirmation's targets are fixed now, in its race.json
-        meta["fixed_targets"], lines = close_selection(lanes, targets)
+    if request.holdout:  # the selection ends: its targets, choices and their one-image check, in its race.json
+        meta["fixed_targets"], meta["one_image_check"], lines = close_selection(lanes, targets, len(eval_ds))
         log("\n".join(lines))
     json_path, png = save(lanes)
     log(f"results: {json_path}; plot: {png}")
@@ -199,16 +215,25 @@ def race_report(request: RaceRequest, log: Callable[[str], None] = print) -> dic
     """`race --report FILE...`: the table of saved races, pooled (`race.select.pooled_lanes`), without training;
     with `request.output` also the pooled race.json and race.png. Returns the pooled summary."""
     lanes = pooled_lanes([Path(p) for p in request.report])
-    settings = read_race(Path(request.report[0]))["settings"]
-    if settings.get("holdout"):  # pooled selections: the confirmation's targets from every pooled run
-        fixed, lines = close_selection(lanes, raced_targets(settings, request.report[0]))
-        settings = {**settings, "fixed_targets": fixed}
+    files = [read_race(Path(p))["settings"] for p in request.report]
+    threads = {f.get("threads") for f in files}  # the runs' threads, not this process's
+    settings = {**files[0], "threads": next(iter(threads)) if len(threads) == 1 else None}
+    if settings.get("holdout"):  # pooled selections: targets, choices and the one-image check from every pooled run
+        fixed, check, lines = close_selection(lanes, raced_targets(settings, request.report[0]),
+                                              settings.get("evaluation_images"))
+        settings = {**settings, "fixed_targets": fixed, "one_image_check": check}
         log("\n".join(lines))
+    elif settings.get("frozen") and isinstance(settings.get("fixed_targets"), dict):  # pooled confirmations (of
+        # this rule: an older one raced its selection's targets and stopped there): the rule on every pooled run
+        fixed = fixed_targets(summarize(lanes, raced_targets(settings, request.report[0])))
+        settings = {**settings, "fixed_targets": fixed, "targets": fixed["targets"]}
+        log(fixed_targets_line(fixed, "the test split"))
     targets = tuple(request.targets or settings.get("targets") or DEFAULT_RACE_TARGETS)
     on = settings.get("evaluated_on")  # a race.json before this key: its split unknown, and said so
     summary = {**summarize(lanes, targets), "evaluated_on": on if isinstance(on, str) else "an unrecorded split"}
     log(raced_line(settings, lanes, request.report))
-    log(format_report(summary, settings.get("threads", 0), str(settings.get("device", "cpu"))))
+    shown = settings["threads"] if settings["threads"] is not None else "mixed" if len(threads) > 1 else "unrecorded"
+    log(format_report(summary, shown, str(settings.get("device", "cpu"))))
     names = list(dict.fromkeys(l.racer for l in lanes))
     for name in names:
         if is_thor(name) and len(names) > 1:

@@ -1,12 +1,19 @@
 """Select, then confirm: the race protocol that keeps the winner's curse out of a time-to-accuracy claim.
 
-1. `race --holdout N` races lr grids (and epoch budgets) on N training samples held out as a validation split;
-   the test split is never read.
-   When it ends it fixes the confirmation's targets (`fixed_targets`): the best rival's median final accuracy
-   less 1.5 and 0.3 points, written into its race.json.
+1. `race --holdout N` races lr grids (and epoch budgets) on N training samples held out as a validation split
+   (from outside `data.train_subset` when one is set, so the selection trains on the images a confirmation trains
+   on); the test split is never read. Its targets follow one rule (`fixed_targets`): the best rival's median
+   final accuracy less 1.5 and 0.3 points. Each optimizer's lr and budget is the configuration with the fewest
+   median seconds (over seeds, 3 or more; fewer is warned) to the LOWER target (`selections`); the higher one is
+   reported, never ranked on. When it ends it says whether removing any one held-out image could flip a choice
+   (`one_image_check`) and writes both into its race.json.
 2. `race --frozen SELECTION/race.json --first-seed S` races each optimizer at the one (lr, budget) the selection
-   chose, on fresh seeds, on the test split, at the selection's fixed targets (`confirmation_targets`): the
-   reported seconds and accuracies were not used to choose them, nor were the lines they are measured against.
+   chose, on fresh seeds, on the test split, every run its whole budget, training on the selection's images
+   (its held-out ones left out). Its targets are the same rule applied to its own runs (`confirmation_targets`):
+   the best rival's median final ON THE TEST SPLIT less 1.5 and 0.3 points, so the rival's median seed reaches
+   both — a target carried over from the held-out split (easier than the test split, measured on fewer images,
+   a maximum over racers) can lie above what the confirmation reaches. The targets depend on the rival's final
+   accuracy, never on a racer's seconds, and no choice is made after reading the test split.
    Every (configuration, seed) it evaluates on the test split goes into the task's ledger (`race.ledger`).
 
 Races run in several processes (one per core) are pooled only when every process raced the same racers, and a
@@ -26,9 +33,10 @@ from torchboost.fileio import read_regular
 from torchboost.optim.registry import OPTIMIZERS
 from torchboost.plaindata import check_plain, in_float_range, load_json
 from torchboost.recipe.config import Config
+from torchboost.race.choice import configurations, few_seeds, one_image_check, one_image_line, ranked
 from torchboost.race.lanes import Lane, Racer, budget_racers, variant_racer
 from torchboost.race.names import parse_racer
-from torchboost.race.report import STOP_NOTES, fmt_target, is_thor, reach_key, stop_note, summarize
+from torchboost.race.report import STOP_NOTES, fmt_target, is_thor, stop_note, summarize
 
 MAX_RACE_FILE = 256 << 20  # a race.json of thousands of runs is a few MB
 
@@ -71,8 +79,10 @@ SETTINGS_SCHEMA = {"seeds": (int, 1, 100), "first_seed": (int, 0, 2**31 - 1), "e
 # the other settings a race writes, each None or of its kind: text (at most MAX_TEXT characters), a number
 # (finite, 0 to 2^53), a flag; lists and mappings are checked below. A key no race writes is refused.
 SETTINGS_KINDS = {**dict.fromkeys(("recipe", "evaluated_on", "torch", "cpu_flags", "device", "frozen", "ledger"), str),
-                  **dict.fromkeys(("time_budget_s", "updates_per_epoch", "evaluation_images", "finalists"), float),
-                  "full_budget": bool, "overrides": list, "pooled": list, "targets": list, "fixed_targets": dict}
+                  **dict.fromkeys(("time_budget_s", "updates_per_epoch", "evaluation_images", "finalists",
+                                   "training_images"), float),
+                  "full_budget": bool, "overrides": list, "pooled": list, "targets": list, "fixed_targets": dict,
+                  "one_image_check": dict}
 MAX_TEXT = 4096
 MAX_RUNS, MAX_EVALUATIONS, MAX_NAME = 10_000, 100_000, 200
 STOPPED = ("", "epoch budget", *STOP_NOTES)  # why a run ended (lanes.Lane.stopped): a forged one forges a note
@@ -136,13 +146,10 @@ def check_race_schema(data: dict, source: str) -> None:
 
 
 def selections(data: dict, source: str) -> list[Selection]:
-    """Per optimizer the budget and lr a selection race chose, best first: among its lrs and budgets
-    (`NAME@EPOCHS` racers) the one that reaches the highest of the confirmation's targets on the median seed
-    soonest. Ranked at the targets the confirmation measures (`fixed_targets`, from the same runs), not the ones
-    the selection raced: a budget that reaches 90% soonest but stops short of the higher target would lose a
-    rival the race's top line by its budget alone. Refused unless the race selected on a validation split
-    (`--holdout`). Ranked from the file's runs (`summarize`: the hold rule, `reached_at`), not from the summary
-    stored beside them, which an older version may have computed by another rule."""
+    """Per optimizer the budget and lr a selection race chose, best first (`ranked`: the fewest median seconds to
+    the lower of the targets `fixed_targets` gives, from the same runs). Refused unless the race selected on a
+    validation split (`--holdout`). Ranked from the file's runs (`summarize`: the hold rule, `reached_at`), not
+    from the summary stored beside them, which an older version may have computed by another rule."""
     settings = data["settings"]
     if not isinstance(settings.get("holdout"), int) or settings["holdout"] <= 0:
         raise ConfigError(f"{source} was raced on the test split, so choosing from it and reporting on it would "
@@ -150,11 +157,9 @@ def selections(data: dict, source: str) -> list[Selection]:
     if not data["runs"]:
         raise ConfigError(f"{source} holds no runs", "give the race.json a race wrote after its first round")
     lanes = lanes_of(data, source)
-    confirmed = fixed_targets(summarize(lanes, raced_targets(settings, source)))["targets"]
-    summary = summarize(lanes, confirmed)
-    targets, chosen = summary["targets"], summary["chosen_lr"]
-    best: dict[str, tuple[tuple, Selection]] = {}
-    for racer, lr in chosen.items():
+    lower = fixed_targets(summarize(lanes, raced_targets(settings, source)))["targets"][0]
+    picks = []
+    for _, racer, lr in ranked(lanes, lower):
         try:
             parsed = parse_racer(racer)
         except ConfigError:
@@ -162,14 +167,10 @@ def selections(data: dict, source: str) -> list[Selection]:
         if parsed is None or parsed.base not in OPTIMIZERS:
             raise ConfigError(f"{source} names racer {racer!r}, which is not a registered optimizer (NAME or "
                               "NAME@EPOCHS)", "select with this version's `torchboost race --holdout N`")
-        key = reach_key({float(t): rows[racer] for t, rows in targets.items()})
-        name = parsed.spec  # the racer without its budget
         # a racer without its own budget trained the selection's epochs: frozen at that budget, so a confirmation
         # run with another --epochs (the recipe's, by default) races what was selected
-        pick = Selection(name, lr, parsed.epochs if parsed.epochs is not None else settings.get("epochs"))
-        if name not in best or key < best[name][0]:
-            best[name] = (key, pick)
-    return [s for _, s in sorted(best.values(), key=lambda kv: kv[0])]
+        picks.append(Selection(parsed.spec, lr, parsed.epochs if parsed.epochs is not None else settings.get("epochs")))
+    return picks
 
 
 def finalists(chosen: Sequence[Selection], count: int) -> list[Selection]:
@@ -219,33 +220,38 @@ def check_same_task(data: dict, source: str, recipe: str, overrides: Sequence[st
                               f"race the selection's {what} (or select again)")
 
 
-TARGET_MARGINS = (0.015, 0.003)  # below the best rival's median final accuracy: the confirmation's two targets
+TARGET_MARGINS = (0.015, 0.003)  # below the best rival's median final accuracy: the two targets
+TARGET_RULE_TEXT = "the best rival's median final less 1.5 and 0.3 points"
 
 
 def fixed_targets(summary: dict) -> dict:
-    """The confirmation's targets, fixed when a selection ends: the best rival's median final top-1 in the
-    selection (at its chosen lr) less 1.5 and less 0.3 points. The rivals are the racers outside the THOR family
-    when both kinds raced (THOR's variants are not each other's rivals, `is_thor`), else every racer. Recorded
-    with the rival, its median final and whether its runs trained their whole budget (the finals then compare
-    at matched budgets)."""
+    """The targets of a selection or a confirmation, by one rule applied to its own runs: the best rival's median
+    final top-1 (at its chosen lr) less 1.5 and less 0.3 points — on a confirmation's test split, so that the
+    rival's median seed reaches both there (`confirmation_targets`). The rivals are the racers outside the THOR
+    family when both kinds raced (THOR's variants are not each other's rivals, `is_thor`), else every racer.
+    Recorded with the rival, its median final and whether its runs trained their whole budget (the finals then
+    compare at matched budgets)."""
     finals = {n: f for n, f in summary["final"].items() if math.isfinite(f["median"])}
     if not finals:
         raise ConfigError("the selection has no final accuracy to fix the confirmation's targets from",
                           "select again: every racer needs at least one evaluation")
     rivals = [n for n in finals if not is_thor(n)] if any(is_thor(n) for n in finals) else list(finals)
-    rival = max(rivals or finals, key=lambda n: finals[n]["median"])
-    best = finals[rival]["median"]
+    order = sorted(rivals or finals, key=lambda n: -finals[n]["median"])
+    rival, best = order[0], finals[order[0]]["median"]
     targets = [round(best - margin, 6) for margin in TARGET_MARGINS]
     if targets[0] <= 0:
         raise ConfigError(f"the best rival {rival} ends at {best:.1%}: no target lies 1.5 points below it",
                           "select on a task the racers learn")
     return {"targets": targets, "rival": rival, "rival_median_final": best,
+            "runner_up_final": finals[order[1]]["median"] if len(order) > 1 else None,
             "whole_budget": bool(finals[rival]["whole_budget"]), "stopped": list(finals[rival].get("stopped", [""]))}
 
 
 def confirmation_targets(data: dict, source: str, given: Sequence[float] | None) -> tuple[float, ...]:
-    """The targets a confirmation races: the ones its selection fixed (`fixed_targets`), checked against the rule
-    applied to the selection's own runs; other --targets are refused."""
+    """The targets a confirmation races while it runs: its selection's (`fixed_targets` on the held-out split,
+    checked against the selection's own runs), for its progress only — every run trains its whole budget, and
+    when the race ends its targets are the rule applied to its own runs on the test split (`fixed_targets`), which
+    the selection's held-out figures cannot promise. --targets is refused: a confirmation's targets are the rule's."""
     stored = data["settings"].get("fixed_targets")
     if not isinstance(stored, dict) or not isinstance(stored.get("targets"), list):
         raise ConfigError(f"{source} fixes no targets for its confirmation",
@@ -255,9 +261,9 @@ def confirmation_targets(data: dict, source: str, given: Sequence[float] | None)
     if [float(t) for t in stored["targets"]] != fixed:
         raise ConfigError(f"{source} records targets {stored['targets']} but its runs give {fixed}",
                           "confirm from an unmodified selection (or select again)")
-    if given is not None and [float(t) for t in given] != fixed:
-        raise ConfigError(f"--targets {' '.join(f'{t:g}' for t in given)}: {source} fixed the confirmation's targets "
-                          f"at {' '.join(f'{t:g}' for t in fixed)}", "drop --targets (the selection's are raced)")
+    if given is not None:
+        raise ConfigError(f"--targets {' '.join(f'{t:g}' for t in given)}: a confirmation's targets are "
+                          f"{TARGET_RULE_TEXT}, on the test split", "drop --targets")
     return tuple(fixed)
 
 
@@ -327,29 +333,43 @@ def lanes_of(data: dict, source: Path | str) -> list[Lane]:
     return lanes
 
 
-def fixed_targets_line(fixed: dict) -> str:
-    """What a selection fixed, for people."""
+def fixed_targets_line(fixed: dict, split: str = "the held-out split") -> str:
+    """The targets a selection (`split`: its held-out split) or a confirmation (the test split) fixed and why."""
     shown = " and ".join(fmt_target(t) for t in fixed["targets"])
     note = "" if fixed["whole_budget"] else f"; {stop_note(fixed.get('stopped', ['']))}"
-    return (f"confirmation targets fixed: {shown} (the best rival {fixed['rival']}'s median final "
-            f"{fmt_target(fixed['rival_median_final'])} less {' and '.join(f'{m * 100:g}' for m in TARGET_MARGINS)} points"
-            f"{note}); --frozen races these")
+    why = ("the rival's median seed reaches both" if split == "the test split" else
+           "ranked at the lower, the higher reported only; a confirmation applies the rule to its own runs on the "
+           "test split")
+    return (f"targets: {shown} = {TARGET_RULE_TEXT} on {split} (rival {fixed['rival']}, median final "
+            f"{fmt_target(fixed['rival_median_final'])}{note}): {why}")
 
 
-def close_selection(lanes: Sequence[Lane], raced: Sequence[float]) -> tuple[dict, list[str]]:
-    """What a selection (or a pool of its stages) fixes when it ends, and says: the confirmation's targets
-    (`fixed_targets`, from the runs at the raced targets) and the grids whose winner at those targets — the rule
-    `selections` picks by — sits at an edge (`grid_edges`)."""
+def close_selection(lanes: Sequence[Lane], raced: Sequence[float], images: int | None) -> tuple[dict, dict, list[str]]:
+    """What a selection (or a pool of its stages) fixes when it ends, and says: its targets (`fixed_targets`, from
+    the runs at the raced targets), the choices (`ranked` at the lower target), whether removing one of the
+    `images` held-out images could flip one (`one_image_check`), a warning under 3 seeds a configuration
+    (`few_seeds`), and the grids whose winner at the lower target sits at an edge (`grid_edges`)."""
     fixed = fixed_targets(summarize(lanes, raced))
-    return fixed, [*grid_edges(summarize(lanes, fixed["targets"]), lanes), fixed_targets_line(fixed)]
+    lower = fixed["targets"][0]
+    check = one_image_check(lanes, fixed, images)
+    chosen = "; ".join(f"{racer} (lr {lr:g}): " + (f"{key[1]:.1f} s" if key[0] == 0 else "never")
+                       for key, racer, lr in ranked(lanes, lower))
+    return fixed, check, [*grid_edges(lanes, lower), fixed_targets_line(fixed),
+                          f"chosen, best first (median seconds to {fmt_target(lower)}): {chosen}",
+                          one_image_line(check), *few_seeds(lanes)]
 
 
-def grid_edges(summary: dict, lanes: Sequence[Lane]) -> list[str]:
-    """One line per racer whose chosen lr is the lowest or highest of the two or more it raced: the best may lie
-    beyond the grid, so the line names the next lr out (the grid's own step there) to race in another stage.
-    A budget racer (`NAME@EPOCHS`) has no grid of its own: it races the lrs its optimizer's grid chose."""
+def grid_edges(lanes: Sequence[Lane], lower: float) -> list[str]:
+    """One line per racer whose lr chosen at the lower target (`configurations`, the rule `selections` picks by) is
+    the lowest or highest of the two or more it raced: the best may lie beyond the grid, so the line names the next
+    lr out (the grid's own step there) to race in another stage. A budget racer (`NAME@EPOCHS`) has no grid of its
+    own: it races the lrs its optimizer's grid chose."""
+    best: dict[str, tuple[tuple, float]] = {}
+    for (racer, lr), key in configurations(lanes, lower).items():
+        if racer not in best or key < best[racer][0]:
+            best[racer] = (key, lr)
     lines = []
-    for racer, lr in summary["chosen_lr"].items():
+    for racer, (_, lr) in best.items():
         raced = sorted({l.lr for l in lanes if l.racer == racer})
         if len(raced) < 2 or lr not in (raced[0], raced[-1]) or parse_racer(racer).epochs is not None:
             continue

@@ -16,7 +16,7 @@ from torchboost.data import (IMAGENET_MEAN, IMAGENET_STD, DeviceDecode, EvalTran
                              TensorImageDataset, eval_transform, train_transform)
 from torchboost.data.device_decode import nvjpeg
 from torchboost.data.folder import find_classes, sample_folder
-from torchboost.data.holdout import holdout_split, stratified_subset
+from torchboost.data.holdout import selection_split, stratified_subset
 from torchboost.data.mixup import MixedBatches, Mixup
 from torchboost.splits import EVAL_SPLITS, SPLITS
 from torchboost.errors import ConfigError, DataError
@@ -328,8 +328,8 @@ def infer_data(cfg: Config, log: Callable[[str], None] = print, train_root: Path
     return dataclasses.replace(d, decode=resolve_decode(d, cfg.train.device))
 
 
-def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0, exact_split: str | None = None
-              ) -> tuple[DataConfig, Dataset, Dataset]:
+def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0, exact_split: str | None = None,
+              leave_out: int = 0) -> tuple[DataConfig, Dataset, Dataset]:
     """(data config with every inferred key filled in, training set, evaluation set) of a run.
 
     Inferred: a folder's channels (the majority of a sample across classes) and image size (small images
@@ -337,8 +337,11 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
     and an in-memory set's size, channels and statistics. The evaluation split must have the training
     split's classes. With data.mixup_alpha or cutmix_alpha the training set comes out in mixed batches
     (`mixed`). `data.train_subset`: the training split is that stratified subset of it (a fixed draw).
-    `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented),
-    and training uses the rest — a validation split, so a selection never sees the test split. `exact_split`:
+    `holdout` > 0: the evaluation set is that many training samples (stratified, unaugmented) — a validation
+    split, so a selection never sees the test split — drawn from outside `data.train_subset` when one is set
+    (training uses the subset), else carved from the training split (training uses the rest; `selection_split`).
+    `leave_out` > 0: training leaves out the samples a holdout of that size holds (a confirmation trains on its
+    selection's training images), the evaluation set unchanged. `exact_split`:
     the evaluation set is the split of that name (a folder without it is refused), not the run's val-else-test
     (a confirmation race reads the test split, never val/)."""
     d = infer_data(cfg, log)
@@ -359,12 +362,12 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
         _, c, h, _ = train_ds.images.shape
         d = dataclasses.replace(d, channels=c, image_size=h, mean=[float(v) for v in train_ds.mean],
                                 std=[float(v) for v in train_ds.std])
-    if d.train_subset:  # after the statistics too; the same draw for the plain copy (`stratified_subset`)
-        train_ds = stratified_subset(train_ds, d.train_subset)
-    if holdout:  # after the statistics (in `d`): the whole training split's, as without a holdout
+    if holdout or leave_out:  # after the statistics (in `d`): the whole training split's, as without a holdout
         plain = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name, augment=False)
-        plain = stratified_subset(plain, d.train_subset) if d.train_subset else plain
-        train_ds, eval_ds = holdout_split(train_ds, plain, holdout)
+        train_ds, held = selection_split(train_ds, plain, holdout or leave_out, d.train_subset)
+        eval_ds = held if holdout else eval_ds
+    elif d.train_subset:  # after the statistics too (`stratified_subset`: the draw a selection trains on too)
+        train_ds = stratified_subset(train_ds, d.train_subset)
     train_ds = mixed(cfg, d, train_ds)
     if d.random_shift and d.image_size and 2 * d.random_shift >= d.image_size:
         raise ConfigError(f"data.random_shift={d.random_shift} is at least half the {d.image_size}-px images: the "

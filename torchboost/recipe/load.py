@@ -113,11 +113,13 @@ def run_name(model: str, data: str) -> str:
 
 
 def load_resolved(recipe: Optional[str] = None, overrides: Sequence[str] = (), built: Optional[Config] = None,
-                  holdout: int = 0, exact_split: Optional[str] = None) -> tuple[Config, Dataset, Dataset]:
+                  holdout: int = 0, exact_split: Optional[str] = None, leave_out: int = 0
+                  ) -> tuple[Config, Dataset, Dataset]:
     """(resolved config, training set, evaluation set): what a run would build, without boost. `built`: the
     recipe + overrides already built (`recipe_with_data`), validated here instead of read again. `holdout` > 0:
-    the evaluation set is that many samples held out of the training split; `exact_split`: the split of that
-    name, refused when missing (`recipe.data.load_data`)."""
+    the evaluation set is that many samples held out of the training split (outside `data.train_subset`);
+    `leave_out`: training without the samples such a holdout holds; `exact_split`: the split of that name,
+    refused when missing (`recipe.data.load_data`)."""
     cfg = load_config(recipe, overrides) if built is None else validated(built)
-    data, train_ds, eval_ds = load_data(cfg, holdout=holdout, exact_split=exact_split)
+    data, train_ds, eval_ds = load_data(cfg, holdout=holdout, exact_split=exact_split, leave_out=leave_out)
     return resolve_config(cfg, data, train_ds, None), train_ds, eval_ds
