@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hypothesis import event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from bounded import within
+from examples import cli_generator
 from torchboost.cli import build_parser, main
 from torchboost.options import leaf_fields
 from torchboost.recipe.config import Config
@@ -187,6 +188,7 @@ def base_argv(name: str, inputs: dict[str, str], out: Path) -> list[str]:
     }[name]
 
 
+@cli_generator
 @given(flag=st.sampled_from(FLAGS), value=FLAG_TEXT, data=st.data())
 @pytest.mark.slow
 def test_any_value_for_any_flag_of_any_subcommand(flag, value, data, inputs, tmp_path_factory):

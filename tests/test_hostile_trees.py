@@ -18,6 +18,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from PIL import Image
 
+from examples import cli_generator
 from test_trust import FAST, checkpoint_of, cli, tree_digest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -90,6 +91,7 @@ def command(name: str, run: Path, base: Path) -> list:
             "diff-config": ["diff-config", run, "digits-lenet"]}[name]
 
 
+@cli_generator
 @given(tree=st.dictionaries(st.sampled_from(RUN_PATHS), st.sampled_from(KINDS), min_size=1, max_size=4),
        name=st.sampled_from(COMMANDS), copy=st.booleans())
 @pytest.mark.slow
@@ -142,6 +144,7 @@ def make_entry(path: Path, kind: str, outside: Path) -> None:
         path.with_suffix("").symlink_to("..", target_is_directory=True)
 
 
+@cli_generator
 @given(entries=st.dictionaries(st.tuples(st.sampled_from(["train", "val"]), st.sampled_from(["a", "b"]),
                                          st.sampled_from(["x.png", "y.png", "deep/z.png"])),
                                st.sampled_from(IMAGE_KINDS), max_size=4),
@@ -210,6 +213,7 @@ def mid_epoch(tmp_path_factory) -> tuple[Path, dict]:
     return ckpt, torch.load(ckpt, weights_only=True)
 
 
+@cli_generator
 @given(data=st.data(), value=VALUES, name=st.sampled_from(["resume", "eval", "predict", "diff-config"]))
 @pytest.mark.slow
 def test_any_value_in_any_field_of_a_checkpoint(data, value, name, mid_epoch, tmp_path_factory, monkeypatch):

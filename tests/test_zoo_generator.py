@@ -5,9 +5,15 @@ that crashes in `train` (the memory probe builds each on the meta device) or who
 
 Sizes: 3 classes of 32 px RGB images, 4 each to train on and 2 to evaluate, batch 4, one thread: the network's
 layers and the tool's paths are what is checked, not learning (tests/test_zoo_defaults.py measures that).
-ResNet-101 and -152 (ResNet-50's blocks stacked deeper) are exported to ONNX only, as in tests/test_export.py:
-their .pt2 and .ts go through the same code as ResNet-50's. The seconds each network takes (CPU time of this
-process) are printed; `pytest -s` shows them."""
+Training starts from weights whose BatchNorm layers are far from their initial state (random affine parameters,
+running statistics of two noise batches; timm's fixture weights for the networks timm shares): a zero-initialised
+last BatchNorm of a residual block would hide a wrongly exported branch. ResNet-101 and -152 (ResNet-50's blocks
+stacked deeper) are exported to ONNX only: their .pt2 and .ts go through the same code as ResNet-50's.
+
+Tolerance rule: an export matches when max|exported − torch| ≤ 1e-4 · max|torch| over the batch's logits (relative
+to the largest logit, so a logit near zero cannot inflate the error), at batch 1 and at the 6 evaluation images
+(the tracers ran 2: the batch dimension is free); the archives' probabilities within 1e-4 of `predict`'s. The seconds
+each network takes (CPU time of this process) are printed; `pytest -s` shows them."""
 
 from __future__ import annotations
 
@@ -28,6 +34,8 @@ from torchboost.deploy.metadata import META_FILE, DeployInfo
 from torchboost.deploy.onnxcheck import ZOO_OPS, check_graph
 from torchboost.migrate.timm_names import TIMM_LAYOUTS
 from torchboost.models import create_model, has_batchnorm, list_models, training_bytes
+from torchboost.models.resnet import ARCHS
+from torchboost.recipe.data import small_stem
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:`torch.jit.(load|save)` is deprecated:DeprecationWarning")]
@@ -75,26 +83,48 @@ def _archive_probabilities(path: Path, files: list[str]) -> dict[str, list[float
         net = torch.export.load(path, extra_files=extra).module()
     info = DeployInfo.from_props(json.loads(extra[META_FILE]), str(path))
     with torch.no_grad():
-        probs = net(torch.stack([read_image(f, info.transform()) for f in files])).softmax(dim=1)
+        batch = torch.stack([read_image(f, info.transform()) for f in files])
+        probs, alone = net(batch).softmax(dim=1), net(batch[:1]).softmax(dim=1)
+    assert (alone - probs[:1]).abs().max() <= TOL, f"{path.name}: batch 1 differs from batch {len(files)}"
     order = sorted(range(len(info.classes)), key=lambda i: info.classes[i])
     return {f: [float(p[i]) for i in order] for f, p in zip(files, probs)}
 
 
 def _onnx_logits_error(ckpt: str, onnx_path: Path, files: list[str]) -> float:
     """The largest difference between ONNX Runtime's logits and torch's (the checkpoint's network, eval mode) on the
-    same preprocessed images, relative to the largest logit: the figure the README's export row quotes."""
+    same preprocessed images, at batch 1 and at all of them, relative to the largest logit: the figure the README's
+    export row quotes."""
     from torchboost.deploy.onnxrun import OnnxClassifier
     from torchboost.recipe.infer import model_from_weights
 
     onnx_model = OnnxClassifier(onnx_path, threads=1)
     try:
         batch = torch.stack([read_image(f, onnx_model.info.transform()) for f in files])
-        got = torch.as_tensor(onnx_model.logits(batch.numpy()))
+        got = [torch.as_tensor(onnx_model.logits(x.numpy())) for x in (batch[:1], batch)]
     finally:
         onnx_model.close()
     with torch.no_grad():
         want = model_from_weights(ckpt)[0].network.eval()(batch)
-    return float((got - want).abs().max() / want.abs().max())
+    return max(float((g - want[:len(g)]).abs().max() / want[:len(g)].abs().max()) for g in got)
+
+
+def perturbed_state(name: str) -> dict[str, torch.Tensor]:
+    """A fresh 3-class network's state with its BatchNorm layers moved off their initial values: affine parameters
+    drawn at random, running statistics from two training batches of noise."""
+    torch.manual_seed(0)
+    kw = {"image_size": SIZE} if name == "mnist_cnn" else {}
+    if name in ARCHS:  # an ImageNet ResNet trains a 32 px image with its 3×3 stem, as `train` chooses
+        kw["small_input"] = small_stem(name, SIZE)
+    net = create_model(name, len(COLOURS), 3, **kw)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+        net.train()
+        for _ in range(2):
+            net(torch.randn(4, 3, SIZE, SIZE) * 2 + 0.5)
+    return net.state_dict()
 
 
 def _agree(got: dict[str, list[float]], want: dict[str, list[float]], what: str) -> None:
@@ -110,9 +140,9 @@ def test_every_zoo_model_trains_evaluates_exports_and_predicts_the_same(name, fo
     out = tmp_path / "run"
     argv = ["train", "--data", str(folder), "--set", f"model.name={name}", "--epochs", "1", "-b", "4", "-o", str(out),
             *QUIET]
-    if name in TIMM_LAYOUTS:  # timm's weights for it: renamed on load, a fresh 3-class head
-        torch.save(timm_state(name), tmp_path / "timm.pth")
-        argv += ["--set", f"train.init_weights={tmp_path / 'timm.pth'}"]
+    # timm's weights where timm shares the layout (renamed on load, a fresh 3-class head), else perturbed BatchNorm
+    torch.save(timm_state(name) if name in TIMM_LAYOUTS else perturbed_state(name), tmp_path / "init.pth")
+    argv += ["--set", f"train.init_weights={tmp_path / 'init.pth'}"]
     assert main(argv) == 0, capsys.readouterr().err
     assert "final: top-1 " in capsys.readouterr().out
     ckpt = str(out / "ckpt" / f"{name}-best.pt")
