@@ -74,9 +74,9 @@ def test_python_example_is_the_cli_job_written_out(seed, tmp_path, monkeypatch, 
 
     assert "so it\nreaches exactly the same accuracy" in README.read_text()
     monkeypatch.chdir(tmp_path)
-    ours = run_example(3, seed)
+    ours = run_example(1, seed)
     capsys.readouterr()
-    assert main(["train", "--epochs", "3", "--set", f"train.seed={seed}", "--set", "train.progress_bar=false",
+    assert main(["train", "--epochs", "1", "--set", f"train.seed={seed}", "--set", "train.progress_bar=false",
                  "-o", str(tmp_path / "cli")]) == 0
     cli = json.loads((tmp_path / "cli" / "history.jsonl").read_text().splitlines()[-1])["val_top_1_accuracy"]
     assert ours == cli, (seed, ours, cli)
