@@ -200,11 +200,27 @@ def test_disk_full_writing_history_text(tmp_path, monkeypatch, name):
 def test_disk_full_writing_the_plot_keeps_the_previous_plot(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
+    monkeypatch.setattr("torchboost.train.history.PLOT_EVERY_S", 0.0)  # drawn after every epoch
     monkeypatch.setattr(Figure, "savefig", fail_on_call(Figure.savefig, 2))
     snap = Snapshot(tmp_path / "history.png")
     with pytest.raises(OutputError, match=f"cannot write {tmp_path / 'history.png'}: no space left"):
         train_two_epochs(snap, History(tmp_path))
     assert (tmp_path / "history.png").read_bytes() == snap.data and leftovers(tmp_path) == []
+
+
+def test_the_picture_is_drawn_when_training_ends_and_at_most_every_plot_every_s(tmp_path, monkeypatch):
+    """Rows after every epoch; history.png once for a run faster than PLOT_EVERY_S (at its end), after every epoch
+    and at the end when the interval is 0."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(1), real(fig, *a, **k))[1])
+    train_two_epochs(History(tmp_path / "a"))
+    assert len(drawn) == 1 and len((tmp_path / "a" / "history.jsonl").read_text().splitlines()) == 2
+    monkeypatch.setattr("torchboost.train.history.PLOT_EVERY_S", 0.0)
+    train_two_epochs(History(tmp_path / "b"))
+    assert len(drawn) == 1 + 3 and (tmp_path / "b" / "history.png").exists()
 
 
 def test_tensorboard_folder_that_cannot_be_created(tmp_path, monkeypatch):
