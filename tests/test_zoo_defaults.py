@@ -1,5 +1,8 @@
 """The zoo's networks train at their defaults on a user's folder (`train --data DIR --set model.name=NAME`, no
-recipe): each learns an easy task well above chance within 3 epochs. The task: 3 classes of distinct colours,
+recipe). Every zoo name has its folder settings (maybe none) and a reason, the guide's table shows them, and a
+resolved config applies them under what the user set: cheap checks. The measurement of every network learning
+at those defaults is benchmarks/zoo_defaults.py's (BENCHMARKS.md); the slow test below repeats it for the six
+newer families on a smaller task. That task: 3 classes of distinct colours,
 32 px, 32 images a class to train on and 8 to validate, batch 16 (6 updates an epoch), one thread.
 
 Measured (best validation top-1 of 3 epochs, chance 0.33; CPU s): mobilenet_v3_small 1.0 (6.5 s), -large 1.0
@@ -10,12 +13,20 @@ chance (BatchNorm statistics) or diverged (lr 0.05)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from test_zoo_generator import make_colours
 from torchboost.cli import main
-from torchboost.recipe.model_defaults import FOLDER_DEFAULTS, folder_defaults
+from torchboost.models import list_models
+from torchboost.recipe.load import recipe_with_data
+from torchboost.recipe.model_defaults import FOLDER_DEFAULTS, WHY, folder_defaults
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "own-folder.md"
+NEWER = ("mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "regnet_x_400mf",
+         "convnext_tiny")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
@@ -31,7 +42,7 @@ def history(out) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*FOLDER_DEFAULTS, "convnext_tiny"])
+@pytest.mark.parametrize("name", NEWER)
 def test_every_new_zoo_family_learns_at_its_defaults(name, colours, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--data", str(colours), "--set", f"model.name={name}", "--epochs", "3", "-b", "16",
@@ -45,4 +56,60 @@ def test_every_new_zoo_family_learns_at_its_defaults(name, colours, tmp_path, ca
 def test_folder_defaults_leave_what_the_user_set():
     assert folder_defaults("efficientnet_b0", ["optim.lr=0.1"]) == ["train.precise_bn=10"]
     assert folder_defaults("efficientnet_b0", []) == ["train.precise_bn=10", "optim.lr=0.01"]
-    assert folder_defaults("resnet20", []) == []
+    assert folder_defaults("resnet18", ["train.precise_bn=0", "optim.lr = 0.1"]) == []
+    assert folder_defaults("mnist_cnn", []) == [] and folder_defaults("not_a_zoo_name", []) == []
+
+
+def test_every_zoo_network_has_its_folder_settings_and_a_reason():
+    assert sorted(FOLDER_DEFAULTS) == sorted(list_models()) == sorted(WHY)
+    assert all(WHY[name].strip() for name in WHY)
+    for name, items in FOLDER_DEFAULTS.items():
+        assert all(re.fullmatch(r"[a-z_]+\.[a-z_.]+=[^=\s]+", item) for item in items), (name, items)
+
+
+def test_the_guide_shows_every_networks_folder_settings():
+    """docs/guide/own-folder.md's table, read back: the same settings for every zoo name."""
+    cells = [line.split("|")[1:3] for line in GUIDE.read_text().splitlines() if line.startswith("| `")]
+    rows = [(names, settings) for names, settings in cells if "=" in settings or settings.strip() == "none"]
+    shown = {name: tuple(re.findall(r"`([^`]+)`", settings)) for names, settings in rows
+             for name in re.findall(r"`([^`]+)`", names)}
+    assert shown == FOLDER_DEFAULTS
+
+
+@pytest.mark.parametrize("name,precise_bn,lr", [("resnet18", 10, 0.02), ("resnet20", 10, 0.05),
+                                                ("convnext_tiny", 0, 0.01), ("mnist_cnn", 0, 0.05),
+                                                ("efficientnet_b0", 10, 0.01)])
+def test_a_folder_run_resolves_to_its_networks_settings_under_what_the_user_set(tmp_path, name, precise_bn, lr):
+    (tmp_path / "train").mkdir()
+    cfg, overrides, note = recipe_with_data(None, [f"model.name={name}"], str(tmp_path), choose_model=True)
+    assert (cfg.train.precise_bn, cfg.optim.lr) == (precise_bn, lr)
+    assert all(item in overrides for item in FOLDER_DEFAULTS[name])  # what a resume re-applies
+    assert (f"{name}'s settings for a folder" in note) == bool(FOLDER_DEFAULTS[name])
+    cfg, _, _ = recipe_with_data(None, [f"model.name={name}", "optim.lr=0.3", "train.precise_bn=0"], str(tmp_path),
+                                 choose_model=True)
+    assert (cfg.train.precise_bn, cfg.optim.lr) == (0, 0.3)
+    cfg, _, _ = recipe_with_data("mnist-lenet", [f"model.name={name}"], str(tmp_path))  # a recipe keeps its own
+    assert (cfg.train.precise_bn, cfg.optim.lr) == (0, 0.05)
+
+
+def test_a_network_too_deep_for_the_images_is_one_line_before_the_run_folder(tmp_path, capsys):
+    """ConvNeXt's unpadded 2x2 downsamplings leave nothing of a 28-px image: said in one line, not a traceback."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for k in range(2):
+            (tmp_path / "d" / split / f"c{k}").mkdir(parents=True)
+            Image.new("L", (28, 28), 80 * k).save(tmp_path / "d" / split / f"c{k}" / "0.png")
+    assert main(["train", "--data", str(tmp_path / "d"), "--set", "model.name=convnext_tiny", "-o",
+                 str(tmp_path / "run"), *QUIET]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "convnext_tiny needs images of at least 32 px" in err
+    assert "data.image_size=32" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_torchboost_options_lists_every_networks_folder_settings(capsys):
+    assert main(["options", "model.name"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    for name, items in FOLDER_DEFAULTS.items():
+        assert f"      {name}: {', '.join(items) or 'none'}" in said, name

@@ -19,7 +19,7 @@ from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resn
 TORCHVISION = {**{n: MobileNetV3 for n in MOBILENET}, **{n: EfficientNet for n in EFFICIENTNET},
                **{n: ConvNeXt for n in CONVNEXT}, **{n: RegNet for n in REGNET}}
 
-__all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
+__all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "smallest_input", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
            "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
 
 
@@ -29,6 +29,14 @@ def list_models() -> list[str]:
 
 
 NO_BATCHNORM = ("mnist_cnn", "convnext_tiny")  # LayerNorm or no normalisation (tests/test_zoo_generator.py checks)
+
+
+SMALLEST_INPUT = {"convnext_tiny": 32}  # px: its 4x4/4 stem and three 2x2/2 downsamplings, unpadded, leave 1 px at 32
+
+
+def smallest_input(name: str) -> int:
+    """The smallest image side (px) the zoo network `name` runs on (the others pad their strided convolutions)."""
+    return SMALLEST_INPUT.get(name, 1)
 
 
 def has_batchnorm(name: str) -> bool:

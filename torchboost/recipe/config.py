@@ -41,7 +41,8 @@ MODELS = tuple(list_models())
 
 @dataclass
 class ModelConfig:
-    name: str = option("mnist_cnn", choices=MODELS, help="the network")
+    name: str = option("mnist_cnn", choices=MODELS, help="the network; on a folder with no recipe named, with its "
+                                                           "own settings (torchboost options model.name lists them)")
     num_classes: Optional[int] = option(None, ge=1, le=1_000_000, help="classifier outputs; unset: the data's "
                                                                        "class count")
     in_chans: Optional[int] = option(None, ge=1, help="input channels; unset: the data's channel count")

@@ -19,6 +19,7 @@ from torchboost.boost.config import ALGORITHMS, MODES, SECTIONS
 from torchboost.errors import ConfigError, suggest
 from torchboost.options import describe_rules, leaf_fields
 from torchboost.recipe.config import Config
+from torchboost.recipe.model_defaults import FOLDER_DEFAULTS
 
 CONFIG_DOC = "docs/CONFIG.md"
 
@@ -89,6 +90,10 @@ def render_text(selected: list[Row]) -> str:
     for r in selected:
         rule = f"  ({r.allowed})" if r.allowed else ""
         lines += [f"{r.key}: {r.type} = {r.default}{rule}", f"    {r.help}"]
+        if r.key == "model.name":  # each network's own settings on a folder (recipe.model_defaults)
+            lines.append("    each network's settings on a folder with no recipe named (train --data DIR), for the "
+                         "keys left unset:")
+            lines += [f"      {name}: {', '.join(items) or 'none'}" for name, items in FOLDER_DEFAULTS.items()]
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from torchboost.boost import BoostPlan
 from torchboost.errors import ConfigError, DataError
-from torchboost.models import has_batchnorm
+from torchboost.models import has_batchnorm, smallest_input
 from torchboost.optim.registry import get_optimizer
 from torchboost.recipe.config import Config, DataConfig
 from torchboost.recipe.data import small_stem
@@ -38,6 +38,11 @@ def resolve_config(cfg: Config, data: DataConfig, train_ds: Dataset, plan: Boost
     if m.in_chans is not None and m.in_chans != data.channels:
         raise ConfigError(f"model.in_chans={m.in_chans} but the images have {data.channels} channel(s)",
                           "leave model.in_chans unset (or set data.channels to convert the images)")
+    least = smallest_input(m.name)
+    if data.image_size is not None and data.image_size < least:
+        raise ConfigError(f"{m.name} needs images of at least {least} px, and these are {data.image_size} px (its "
+                          "downsampling leaves nothing of them)", f"set data.image_size={least} (upscaled), or "
+                          "choose a network for small images: --set model.name=resnet20")
     small = small_stem(m.name, data.image_size)
     model = dataclasses.replace(m, num_classes=m.num_classes or classes, in_chans=data.channels,
                                 small_input=small if m.small_input is None else m.small_input)
