@@ -47,12 +47,15 @@ def images(tmp_path_factory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def exported(run, tmp_path_factory) -> Path:  # noqa: F811
+    """The run's best checkpoint in the three formats, by one `export` (one reading, one trace for two of them)."""
     out = tmp_path_factory.mktemp("exp")
-    for name, fmt in (("m.onnx", "onnx"), ("m.pt2", "exported-program"), ("m.torchscript.pt", "torchscript")):
-        code, stdout, err = cli("export", run / "ckpt" / "mnist_cnn-best.pt", out / name, seconds=120)
-        assert code == 0 and not err, err
-        assert stdout.startswith(f"wrote {out / name} ({fmt}): mnist_cnn on float32 N×1×8×8, normalised: resize 8, "
-                                 "centre crop 8, mean (0.3056) std (0.3764); 10 classes"), stdout
+    names = {"m.onnx": "onnx", "m.pt2": "exported-program", "m.torchscript.pt": "torchscript"}
+    code, stdout, err = cli("export", run / "ckpt" / "mnist_cnn-best.pt", *(out / name for name in names),
+                            seconds=120)
+    assert code == 0 and not err, err
+    assert stdout.splitlines() == [f"wrote {out / name} ({fmt}): mnist_cnn on float32 N×1×8×8, normalised: resize 8, "
+                                   "centre crop 8, mean (0.3056) std (0.3764); 10 classes"
+                                   for name, fmt in names.items()], stdout
     return out
 
 
@@ -132,6 +135,9 @@ def test_bad_checkpoints_onnx_files_and_outputs_are_one_line(run, exported, imag
     assert "--format is onnx" in refused("export", ckpt, tmp_path / "m.pt2", "--format", "onnx")
     assert "is a folder" in refused("export", ckpt, tmp_path / "dir.onnx")
     assert "is the checkpoint itself" in refused("export", ckpt, ckpt, "--format", "torchscript")
+    assert "drop --format" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "m.ts", "--format", "onnx")
+    assert "named twice" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "x" / ".." / "m.onnx")
+    assert "is a folder" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "dir.onnx")  # none written
     assert "is a FIFO" in refused("predict", "--checkpoint", tmp_path / "fifo.onnx", images[0])
     assert "is a folder" in refused("predict", "--checkpoint", tmp_path / "dir.onnx", images[0])
     assert "not found" in refused("predict", "--checkpoint", tmp_path / "missing.onnx", images[0])

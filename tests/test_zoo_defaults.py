@@ -1,8 +1,9 @@
 """The zoo's networks train at their defaults on a user's folder (`train --data DIR --set model.name=NAME`, no
 recipe). Every zoo name has its folder settings (maybe none) and a reason, the guide's table shows them, and a
 resolved config applies them under what the user set: cheap checks. The measurement of every network learning
-at those defaults is benchmarks/zoo_defaults.py's (BENCHMARKS.md); the slow test below repeats it for the six
-newer families on a smaller task. That task: 3 classes of distinct colours,
+at those defaults is benchmarks/zoo_defaults.py's (BENCHMARKS.md); the slow test below repeats it for the two
+networks of issue 55's examples (MobileNetV3's BatchNorm statistics, EfficientNet-B0's divergence) on a smaller
+task, the rest of the zoo left to the benchmark to keep the suite inside its 10 minutes. That task: 3 classes of distinct colours,
 32 px, 32 images a class to train on and 8 to validate, batch 16 (6 updates an epoch), one thread.
 
 Measured (best validation top-1 of 3 epochs, chance 0.33; CPU s): mobilenet_v3_small 1.0 (6.5 s), -large 1.0
@@ -25,8 +26,7 @@ from torchboost.recipe.load import recipe_with_data
 from torchboost.recipe.model_defaults import FOLDER_DEFAULTS, WHY, folder_defaults
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "own-folder.md"
-NEWER = ("mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "regnet_x_400mf",
-         "convnext_tiny")
+EXAMPLES = ("mobilenet_v3_small", "efficientnet_b0")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
@@ -42,8 +42,8 @@ def history(out) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NEWER)
-def test_every_new_zoo_family_learns_at_its_defaults(name, colours, tmp_path, capsys):
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_the_issues_examples_learn_at_their_defaults(name, colours, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "--data", str(colours), "--set", f"model.name={name}", "--epochs", "3", "-b", "16",
                  "-o", str(out), *QUIET]) == 0

@@ -160,8 +160,7 @@ def test_every_zoo_model_trains_evaluates_exports_and_predicts_the_same(name, fo
     assert json.loads(capsys.readouterr().out)["samples"] == len(COLOURS) * VAL
     want = _probabilities(capsys, ["--checkpoint", ckpt, str(folder / "val")])
     formats = FORMATS[:1] if name in DEEPER_ONLY else FORMATS
-    for export in formats:
-        assert main(["export", ckpt, str(tmp_path / export)]) == 0, capsys.readouterr().err
+    assert main(["export", ckpt, *(str(tmp_path / export) for export in formats)]) == 0, capsys.readouterr().err
     ops = {node.op_type for node in onnx.load(tmp_path / "m.onnx").graph.node}
     assert ops <= ZOO_OPS, f"{name} exports to ops off the zoo's list: {sorted(ops - ZOO_OPS)}"
     _agree(_probabilities(capsys, ["--checkpoint", str(tmp_path / "m.onnx"), str(folder / "val")]), want, "onnx")

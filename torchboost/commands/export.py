@@ -16,10 +16,12 @@ THREADS = True  # main applies --threads before run()
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", metavar="CKPT", help="a training checkpoint, or weights with --config")
-    p.add_argument("out", metavar="OUT", help="file to write: .onnx, .pt2 (torch.export's ExportedProgram), "
-                                               ".torchscript.pt or .ts (TorchScript, deprecated by torch)")
+    p.add_argument("out", metavar="OUT", nargs="+",
+                   help="file(s) to write: .onnx, .pt2 (torch.export's ExportedProgram), .torchscript.pt or .ts "
+                        "(TorchScript, deprecated by torch); several: the checkpoint read once, one trace for an "
+                        ".onnx and a .pt2")
     p.add_argument("--format", choices=["onnx", "torchscript", "exported-program"],
-                    help="the format (default: from OUT's name, which must not name another)")
+                    help="the format of a single OUT (default: from its name, which must not name another)")
     add_recipe(p, None, "recipe that built plain weights (training checkpoints carry theirs)")
     add_threads(p)
 
@@ -27,10 +29,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..recipe.export import export_checkpoint
 
-    info, fmt = export_checkpoint(args.checkpoint, args.out, args.format, config=args.config,
-                                  overrides=args.set or [])
+    info, formats = export_checkpoint(args.checkpoint, args.out, args.format, config=args.config,
+                                      overrides=args.set or [])
     stats = " ".join(f"{name} ({', '.join(f'{v:.4g}' for v in values)})" for name, values in
                      (("mean", info.mean), ("std", info.std)))
-    print(f"wrote {printable(args.out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
-          f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes")
+    for out, fmt in zip(args.out, formats):
+        print(f"wrote {printable(out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
+              f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes")
     return 0

@@ -47,18 +47,20 @@ def format_for(path: str | Path, fmt: Optional[str] = None) -> str:
     return named[0]
 
 
-def export_network(net: nn.Module, info: DeployInfo, path: str | Path, fmt: Optional[str] = None) -> str:
+def export_network(net: nn.Module, info: DeployInfo, path: str | Path, fmt: Optional[str] = None,
+                   program: Optional[torch.export.ExportedProgram] = None) -> str:
     """Write `net` (put in eval mode; on the CPU) to `path` in `fmt` (default: from the name); returns the
-    format written. Its input: float32 N×C×H×W as `info` describes, any N >= 1."""
+    format written. Its input: float32 N×C×H×W as `info` describes, any N >= 1. `program`: `net`'s
+    `export_program`, when the caller traced it already (one trace for a .pt2 and an .onnx of the same network)."""
     fmt = format_for(path, fmt)
     if fmt == ONNX:
         _import_onnx()  # a missing package is said before any work
     if fmt == TORCHSCRIPT:
         save_torchscript(net, info, path)
     elif fmt == EXPORTED_PROGRAM:
-        save_program(export_program(net, info), info, path)
+        save_program(program or export_program(net, info), info, path)
     else:
-        atomic_write(path, onnx_bytes(export_program(net, info), info))
+        atomic_write(path, onnx_bytes(program or export_program(net, info), info))
     return fmt
 
 

@@ -19,9 +19,10 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from torchboost.deploy import DeployInfo, export_network, format_for
+from torchboost.deploy import DeployInfo
+from torchboost.deploy.export import EXPORTED_PROGRAM, ONNX, export_network, export_program, format_for
 from torchboost.train.tta import with_tta
-from torchboost.errors import OutputError, printable
+from torchboost.errors import ConfigError, OutputError, printable
 from torchboost.fileio import confine_writes, within
 from torchboost.recipe.config import Config
 from torchboost.recipe.data import eval_preprocess
@@ -29,21 +30,32 @@ from torchboost.recipe.infer import model_from_weights
 from torchboost.train.checkpoint import saved_classes
 
 
-def export_checkpoint(path: str, out: str, fmt: Optional[str] = None, config: Optional[str] = None,
-                      overrides: Sequence[str] = ()) -> tuple[DeployInfo, str]:
-    """Write the network of checkpoint `path` to `out`; returns (what was recorded, the format written)."""
-    fmt = format_for(out, fmt)  # a name that says no format is refused before the checkpoint is read
-    if Path(out).is_dir():
-        raise OutputError(f"OUT {printable(out)} is a folder", "give a file name, e.g. model.onnx")
-    if Path(out).exists() and Path(path).exists() and os.path.samefile(out, path):
-        raise OutputError(f"OUT {printable(out)} is the checkpoint itself", "give the export another name")
+def export_checkpoint(path: str, outs: Sequence[str], fmt: Optional[str] = None, config: Optional[str] = None,
+                      overrides: Sequence[str] = ()) -> tuple[DeployInfo, list[str]]:
+    """Write the network of checkpoint `path` to each of `outs` (the checkpoint read once, one torch.export trace
+    for an .onnx and a .pt2); returns (what was recorded, the formats written, in `outs`' order)."""
+    if fmt is not None and len(outs) > 1:
+        raise ConfigError(f"--format {fmt} names the format of one OUT, and {len(outs)} are given",
+                          "drop --format: each OUT's name gives its format")
+    formats = [format_for(out, fmt) for out in outs]  # a name that says no format: refused before the reading
+    if len({os.path.abspath(out) for out in outs}) < len(outs):
+        raise ConfigError("an OUT is named twice", "give each export its own file name")
+    for out in outs:
+        if Path(out).is_dir():
+            raise OutputError(f"OUT {printable(out)} is a folder", "give a file name, e.g. model.onnx")
+        if Path(out).exists() and Path(path).exists() and os.path.samefile(out, path):
+            raise OutputError(f"OUT {printable(out)} is the checkpoint itself", "give the export another name")
     model, cfg, ckpt = model_from_weights(path, config, overrides, device="cpu")
     info = deploy_info(cfg, saved_classes(ckpt, cfg.model.num_classes, path))
-    with contextlib.ExitStack() as stack:
-        for folder in _owned(path, out):
-            stack.enter_context(confine_writes(folder))
-        export_network(with_tta(model.network, cfg.eval.tta), info, out, fmt)  # TTA travels in the file
-    return info, fmt
+    net = with_tta(model.network, cfg.eval.tta)  # TTA travels in the file
+    traced = [f for f in formats if f in (ONNX, EXPORTED_PROGRAM)]
+    program = export_program(net, info) if len(traced) > 1 else None
+    for out, f in zip(outs, formats):
+        with contextlib.ExitStack() as stack:
+            for folder in _owned(path, out):
+                stack.enter_context(confine_writes(folder))
+            export_network(net, info, out, f, program)
+    return info, formats
 
 
 def deploy_info(cfg: Config, classes: Optional[list[str]]) -> DeployInfo:
