@@ -25,11 +25,13 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from shapes import SHAPES as FILLED, draw_shape
+
 from torchboost.recipe.load import load_config
 from torchboost.recipe.run import train_from_config
 
 SIZE = 32
-SHAPES = ("disc", "square", "triangle", "cross", "ring", "bar")
+SHAPES = (*FILLED, "ring", "bar")
 POLICIES = {
     "none": [],
     "randaugment": ["data.auto_augment=randaugment"],
@@ -52,16 +54,8 @@ def draw(shape: str, rng: np.random.Generator) -> Image.Image:
     cx, cy = rng.uniform(r + 1, SIZE - r - 1, 2)
     colour = tuple(int(v) for v in rng.integers(0, 256, 3))
     box = (cx - r, cy - r, cx + r, cy + r)
-    if shape == "disc":
-        d.ellipse(box, fill=colour)
-    elif shape == "square":
-        d.rectangle(box, fill=colour)
-    elif shape == "triangle":
-        d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
-    elif shape == "cross":
-        w = r / 3
-        d.rectangle((cx - w, cy - r, cx + w, cy + r), fill=colour)
-        d.rectangle((cx - r, cy - w, cx + r, cy + w), fill=colour)
+    if shape in FILLED:
+        draw_shape(d, shape, cx, cy, r, colour)
     elif shape == "ring":
         d.ellipse(box, outline=colour, width=max(2, int(r / 3)))
     else:  # bar: a long thin box, horizontal or vertical
@@ -110,7 +104,7 @@ def main() -> int:
                 print(f"  {policy:<15} seed {seed}: top-1 {acc:.4f}  {secs:.1f} s", file=sys.stderr, flush=True)
     print(f"{len(SHAPES)} shape classes, {args.per_class} train / {args.val_per_class} val images per class, 32x32 RGB; "
           f"mnist_cnn, {args.epochs} epochs, batch 32, lr 0.01, {args.seeds} seed(s), 1 thread")
-    print(f"| policy | top-1 median | top-1 min-max | seconds (median) |\n|---|---|---|---|")
+    print("| policy | top-1 median | top-1 min-max | seconds (median) |\n|---|---|---|---|")
     for policy, rows in results.items():
         accs, secs = [a for a, _ in rows], [s for _, s in rows]
         print(f"| {policy} | {statistics.median(accs):.4f} | {min(accs):.4f}-{max(accs):.4f} | "

@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from shapes import SHAPES, draw_shape
+
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = ("disc", "square", "triangle", "cross")
 COLOURS = ((220, 50, 50), (50, 200, 60), (60, 80, 230), (230, 210, 40))  # rgb: one per class
 VARIANTS = {"rgb": (32, "RGB"), "grey": (28, "L")}  # size, Pillow mode
 LEARNS = 0.6
@@ -56,18 +57,7 @@ def draw(shape: int, size: int, mode: str, rng: np.random.Generator) -> Image.Im
         fill = tuple(int(np.clip(v + rng.normal(0, 20), 0, 255)) for v in COLOURS[shape])
     else:
         fill = int(rng.uniform(170, 255))
-    box = (cx - r, cy - r, cx + r, cy + r)
-    name = SHAPES[shape]
-    if name == "disc":
-        d.ellipse(box, fill=fill)
-    elif name == "square":
-        d.rectangle(box, fill=fill)
-    elif name == "triangle":
-        d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=fill)
-    else:  # cross
-        w = r / 3
-        d.rectangle((cx - w, cy - r, cx + w, cy + r), fill=fill)
-        d.rectangle((cx - r, cy - w, cx + r, cy + w), fill=fill)
+    draw_shape(d, SHAPES[shape], cx, cy, r, fill)
     return img
 
 

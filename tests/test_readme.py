@@ -68,7 +68,7 @@ def test_python_example_is_the_cli_job_written_out(seed, tmp_path, monkeypatch, 
     """The same data, network, optimizer (the fused SGD kernel the CLI builds), schedule and seed as
     `torchboost train`: the same weights, so the same accuracy exactly, as the README says (3-epoch runs: the
     schedule is the job's, shortened alike on both sides). With the CLI job's 15-epoch accuracy checked against the
-    README's "≥ 97%" (`test_every_command_runs_in_a_fresh_folder`), this is the example's accuracy too: one seed
+    README's "≥ 96.5%" (`test_every_command_runs_in_a_fresh_folder`), this is the example's accuracy too: one seed
     (not 0, the job's own) is enough, since the seed changes no code path."""
     import json
 
@@ -115,8 +115,8 @@ def test_every_command_runs_in_a_fresh_folder(tmp_path, monkeypatch, capsys):
         ran.append(cmd)
         if cmd == "torchboost train":  # the default job's documented claims
             acc = float(out.out.split("final: top-1 ")[1].split(",")[0])
-            assert "(≥ 97% test top-1 after 15 epochs;" in README.read_text()  # the example's claim, this job's run
-            assert acc >= 0.97 and "epoch: 1 step: 25, loss is" in out.out  # MindSpore's LossMonitor line
+            assert "(≥ 96.5% test top-1 after 15 epochs;" in README.read_text()  # the example's claim, this job's run
+            assert acc >= 0.965 and "epoch: 1 step: 25, loss is" in out.out  # MindSpore's LossMonitor line
             files = {p.name for p in (tmp_path / "runs/mnist-lenet").iterdir()}
             assert {"config.yaml", "history.jsonl", "history.csv", "history.png", "ckpt"} <= files
             ckpts = sorted(p.name for p in (tmp_path / "runs/mnist-lenet/ckpt").iterdir())
