@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from torchboost.errors import ConfigError
+from torchboost.errors import ConfigError, DataError
 from torchboost.migrate.align import NameMap, align_dump, align_modules, dump_step, load_reference
+from torchboost.migrate.dump import read_dump_steps
 from torchboost.recipe.align import align_from_config
 from torchboost.migrate.compare import compare_tensors, judge
 from torchboost.models import create_model
@@ -246,6 +247,17 @@ def test_dump_layout_holds_the_step(tmp_path):
         np.testing.assert_array_equal(f["y"], y.numpy())
     meta = json.loads((out / "meta.json").read_text())
     assert meta["forward_order"][:2] == ["conv1", "relu"] and meta["loss"] > 0
+
+
+@pytest.mark.parametrize("meta, says", [(b"[" * 100_000 + b"]" * 100_000, "nested too deep"),
+                                         (b"{", "not a dump's meta.json"), (b"[1]", "not a JSON object"),
+                                         (b'{"forward_order": 3}', "forward_order of the wrong kind"),
+                                         (b'{"forward_order": [1]}', "forward_order of the wrong kind"),
+                                         (b'{"loss": "x", "steps": true}', "loss, steps of the wrong kind")])
+def test_a_damaged_meta_json_is_one_line(tmp_path, meta, says):
+    (tmp_path / "meta.json").write_bytes(meta)
+    with pytest.raises(DataError, match=says):
+        read_dump_steps(tmp_path, 1)
 
 
 def test_dump_round_trip(tmp_path):

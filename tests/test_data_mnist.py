@@ -107,6 +107,7 @@ def test_load_paddle_json_detects_scale_and_splits(tmp_path, scale):
 
 @pytest.mark.parametrize("content,match", [
     (b"not json", "not PaddlePaddle's MNIST JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "not PaddlePaddle's MNIST JSON"),  # past the parser's stack
     (json.dumps([[[[0.0] * 784], [1]]]).encode(), "not PaddlePaddle's MNIST JSON"),  # only one split
     (json.dumps([[[[0.0] * 10], [1]]] * 3).encode(), r"images \(1, 10\)"),
     (json.dumps([[[[0.0] * 784], [1.5]]] * 3).encode(), "integer labels"),

@@ -115,6 +115,11 @@ def test_the_training_callback_logs_a_line_an_epoch_and_writes_the_file(tmp_path
     resumed = ThorHealthMonitor(tmp_path)
     resumed.on_train_begin(state)
     assert [r["epoch"] for r in resumed.records] == [1]
+    path = tmp_path / HEALTH_FILE  # a line nested past the parser's stack ends what is kept, as damage does
+    path.write_text(path.read_text().splitlines()[0] + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    again = ThorHealthMonitor(tmp_path)
+    again.on_train_begin(state)
+    assert [r["epoch"] for r in again.records] == [1]
     plain = SimpleNamespace(model=SimpleNamespace(optimizer=torch.optim.SGD(net.parameters(), 0.1)), epoch=0,
                             log=lines.append)
     ThorHealthMonitor(tmp_path / "sgd").on_train_epoch_end(plain)  # silent, no file, for other optimizers

@@ -6,7 +6,6 @@ so a model trained on one source evaluates the same on the other.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 import zlib
@@ -19,7 +18,7 @@ import torch
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
 from torchboost.fileio import read_regular
-from torchboost.plaindata import shown_number
+from torchboost.plaindata import load_json, shown_number
 
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
 # IDX type codes -> big-endian numpy dtypes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
@@ -140,7 +139,7 @@ def load_paddle_json(path: str | Path, split: str) -> TensorImageDataset:
         raise DataError(f"mnist.json.gz has no split {split!r}", "use 'train', 'valid' or 'test'")
     path = Path(path)
     try:
-        part = json.loads(_read_bytes(path))[PADDLE_SPLITS[split]]
+        part = load_json(_read_bytes(path))[PADDLE_SPLITS[split]]  # nested too deep: a ValueError too
         images = np.asarray(part[0], dtype=np.float64)
         labels = np.asarray(part[1], dtype=np.float64)
     except (ValueError, TypeError, IndexError, KeyError) as e:

@@ -38,7 +38,8 @@ import torch
 
 from ..errors import DataError
 from .record import Recording
-from torchboost.fileio import atomic_path, atomic_write, check_regular, output_error
+from torchboost.fileio import atomic_path, atomic_write, check_regular, output_error, read_regular
+from torchboost.plaindata import load_json
 
 FORMAT, VERSION = "torchboost-align-dump", 1
 
@@ -100,12 +101,29 @@ def _indexed(arrays: dict[str, np.ndarray], prefix: str) -> tuple[torch.Tensor, 
     return tuple(torch.from_numpy(arrays[k]) for k in keys)
 
 
+def _read_meta(path: Path) -> dict:
+    """A dump's meta.json as a mapping: anything else (not JSON, nested past the parser's stack, not an object)
+    is one DataError line."""
+    try:
+        meta = load_json(read_regular(path, DataError))
+    except ValueError as e:
+        raise DataError(f"{path} is not a dump's meta.json ({e})", "pass the folder written by dump_step") from None
+    fields = {"loss": (int, float, type(None)), "forward_order": list, "steps": int}
+    wrong = [k for k, kind in fields.items() if isinstance(meta, dict) and k in meta and
+             (not isinstance(meta[k], kind) or isinstance(meta[k], bool))]
+    if not isinstance(meta, dict) or wrong or not all(isinstance(c, str) for c in meta.get("forward_order", [])):
+        what = f"{', '.join(wrong) or 'forward_order'} of the wrong kind" if isinstance(meta, dict) else \
+            "not a JSON object"
+        raise DataError(f"{path} is not a dump's meta.json ({what})", "pass the folder written by dump_step")
+    return meta
+
+
 def read_dump(directory: str | Path) -> tuple[Recording, dict]:
     """(Recording, meta) from a dump directory; missing parts are simply empty."""
     d = Path(directory)
     if not d.is_dir():
         raise DataError(f"dump directory {d} not found", "pass the folder written by dump_step or your script")
-    meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").is_file() else {}
+    meta = _read_meta(d / "meta.json") if (d / "meta.json").is_file() else {}
     rec = Recording(loss=meta.get("loss"))
     forward_files = {p.name[: -len(".npz")]: p for p in sorted((d / "forward").glob("*.npz"))}
     order = [c for c in meta.get("forward_order", []) if c in forward_files]

@@ -11,6 +11,7 @@ from torchboost.distributed import is_main as is_main_process
 from torchboost.errors import CheckpointError
 from torchboost.fileio import atomic_write, read_regular
 from torchboost.optim.thor.health import health_rows, health_summary, health_warning, thor_health
+from torchboost.plaindata import load_json
 from torchboost.train.state import Callback, TrainState
 
 HEALTH_FILE = "thor-health.jsonl"
@@ -29,7 +30,7 @@ class ThorHealthMonitor(Callback):
         if state.epoch and self.path.is_file():
             for line in read_regular(self.path, CheckpointError).decode(errors="replace").splitlines():
                 try:
-                    row = json.loads(line)
+                    row = load_json(line)  # a line nested past the parser's stack: damaged, not a traceback
                 except ValueError:
                     break
                 if isinstance(row, dict) and isinstance(row.get("epoch"), int) and row["epoch"] <= state.epoch:
