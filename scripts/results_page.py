@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 from torchboost.race.report import (best_other, fmt_final_range, fmt_hits, fmt_interval, fmt_ratio, fmt_target,
-                                           is_thor, ratio_interval, ratio_to_best_other, reach_key, summarize,
-                                           verdict)
+                                    is_thor, ratio_interval, ratio_to_best_other, reach_key, summarize, verdict)
 from torchboost.race.select import lanes_of, raced_targets, read_race
 
 ROOT = Path(__file__).resolve().parents[1]
