@@ -323,7 +323,8 @@ def test_align_from_config_and_reference_callable(tmp_path):
 def test_diff_config_recipes_match_their_yaml(tmp_path):
     import yaml
 
-    from torchboost.recipe.config import RECIPES_DIR, Config, dump_config
+    from torchboost.recipe.config import Config, dump_config
+    from torchboost.recipe.files import RECIPES_DIR
     from torchboost.recipe.load import load_config
     from torchboost.recipe.diff import diff_configs, flatten
 

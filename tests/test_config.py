@@ -3,7 +3,8 @@
 import pytest
 from PIL import Image
 
-from torchboost.recipe.config import Config, build_config, list_recipes, parse_override
+from torchboost.recipe.config import Config, build_config, parse_override
+from torchboost.recipe.files import list_recipes
 from torchboost.recipe.load import load_config
 from torchboost.errors import ConfigError
 

@@ -144,7 +144,8 @@ def test_the_readme_names_only_real_keys_commands_and_recipes():
     subcommand and every shipped recipe. Its Python examples are run by tests/test_readme.py."""
     from torchboost.cli import build_parser
     from torchboost.options import leaf_fields
-    from torchboost.recipe.config import Config, list_recipes
+    from torchboost.recipe.config import Config
+    from torchboost.recipe.files import list_recipes
 
     pages = [README, *sorted((README.parent / "docs" / "guide").glob("*.md"))]  # the README and the user guide
     text = re.sub(r"```python\n.*?```", "", "\n".join(p.read_text() for p in pages), flags=re.S)  # Python: not keys

@@ -19,7 +19,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import itertools
 
-    from ..recipe.config import find_recipe, list_recipes
+    from ..recipe.files import find_recipe, list_recipes
 
     if args.action == "show":
         if not args.name:

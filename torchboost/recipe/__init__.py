@@ -7,7 +7,8 @@ validation pass, `load` reads recipes, `data` and `resolve` fill in what is infe
 Library packages never import this one.
 """
 
-from torchboost.recipe.config import Config, list_recipes
+from torchboost.recipe.config import Config
+from torchboost.recipe.files import list_recipes
 from torchboost.recipe.infer import evaluate_checkpoint, predict_images
 from torchboost.recipe.load import load_config, load_resolved
 from torchboost.recipe.run import RunResult, train_from_config

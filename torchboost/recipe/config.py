@@ -9,6 +9,7 @@ Each optimizer's options section (`optim.thor`) is not a field here: `OptimConfi
 section of the registered optimizers (`recipe.optimizers`), written flat under `optim` in a recipe.
 Over 400 lines because every recipe key is declared here, each with its default, rule and help in one field:
 splitting the sections across files would scatter the one list `torchboost options` and docs/CONFIG.md read.
+Finding and reading recipe files: `recipe.files`.
 """
 
 from __future__ import annotations
@@ -16,26 +17,23 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
 
 from torchboost.deploy.metadata import MAX_INPUT, MEAN_RANGE, STD_RANGE
 from torchboost.errors import ConfigError, suggest
-from torchboost.fileio import check_regular, read_regular
 from torchboost.models import list_models
 from torchboost.optim.averaging import AVERAGES
 from torchboost.optim.registry import DEFAULT_OPTIMIZER, list_optimizers
 from torchboost.options import check_type, is_sections, leaf_fields, option, plain, sections
 from torchboost.recipe.kinds import DEFAULT_KIND, list_kinds
 from torchboost.recipe.optimizers import drop_removed, option_sections
-from torchboost.plaindata import MAX_BYTES, check_plain, load_yaml
+from torchboost.plaindata import check_plain, load_yaml
 from torchboost.train.metrics import METRIC_ALIASES, METRIC_NAMES
 from torchboost.train.step import COMPILE_MODES, NONFINITE_POLICIES
 from torchboost.train.tta import TTA_MODES
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
 MODELS = tuple(list_models())
 
 
@@ -420,41 +418,6 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     for k, v in extra.items():
         out[k] = _deep_merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
     return out
-
-
-def find_recipe(name_or_path: str) -> Path:
-    """A shipped recipe name (see `torchboost recipes`) or a path to a YAML file."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if path.exists():
-            return check_regular(path, ConfigError)  # a FIFO or a folder: say which, never "not found"
-        raise ConfigError(f"recipe file {path} not found", "check the path or run `torchboost recipes` for shipped ones")
-    shipped = RECIPES_DIR / f"{name_or_path}.yaml"
-    if not shipped.is_file():
-        raise ConfigError(f"unknown recipe '{name_or_path}'", suggest(name_or_path, list_recipes()))
-    return shipped
-
-
-def list_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
-
-
-def read_yaml(path: Path) -> dict:
-    """A YAML mapping from a file, with one-line errors for unreadable, non-UTF-8 or invalid files."""
-    try:
-        if path.stat().st_size > MAX_BYTES:  # before reading it whole
-            raise ConfigError(f"{path} is {path.stat().st_size >> 10} kB", "a recipe is a few kB of YAML")
-        data = load_yaml(read_regular(path, ConfigError).decode("utf-8"), str(path))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {e.start})", "save the file as UTF-8") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}", "check the path and its permissions") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} holds a {type(data).__name__}, not a mapping of config sections",
-                          "a recipe maps section names (model, data, optim, ...) to their keys")
-    return data
 
 
 def parse_override(item: str) -> dict:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from torchboost.errors import CheckpointError, printable
-from torchboost.recipe.config import build_config, find_recipe, read_yaml
+from torchboost.recipe.config import build_config
+from torchboost.recipe.files import find_recipe, read_yaml
 
 ABSENT = "(absent)"
 

@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 from torch.utils.data import Dataset
 
 from torchboost.models import list_models
-from torchboost.recipe.config import Config, build_config, find_recipe, merge, parse_override, read_yaml
+from torchboost.recipe.config import Config, build_config, merge, parse_override
+from torchboost.recipe.files import find_recipe, read_yaml
 from torchboost.recipe.data import load_data, model_for_data
 from torchboost.recipe.kinds import FOLDER, get_kind
 from torchboost.recipe.model_defaults import folder_defaults

@@ -192,7 +192,7 @@ def _fresh(spec: str, asked: Config, out: Path) -> ResumePlan:
     if not previous_run(out):
         return ResumePlan(None, out, asked)
     saved = out / "config.yaml"
-    from torchboost.recipe.config import read_yaml
+    from torchboost.recipe.files import read_yaml
 
     if saved.is_file() and not _breaking(_differences(asked, read_yaml(saved))):
         return ResumePlan(None, out, asked, overwrite=True)  # this run died before its first checkpoint
