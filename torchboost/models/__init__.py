@@ -19,8 +19,8 @@ from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resn
 TORCHVISION = {**{n: MobileNetV3 for n in MOBILENET}, **{n: EfficientNet for n in EFFICIENTNET},
                **{n: ConvNeXt for n in CONVNEXT}, **{n: RegNet for n in REGNET}}
 
-__all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "smallest_input", "ResNet", "BasicBlock", "Bottleneck", "MnistCNN",
-           "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
+__all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "smallest_input", "ResNet", "BasicBlock",
+           "Bottleneck", "MnistCNN", "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
 
 
 def list_models() -> list[str]:

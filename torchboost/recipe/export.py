@@ -48,8 +48,8 @@ def export_checkpoint(path: str, outs: Sequence[str], fmt: Optional[str] = None,
     model, cfg, ckpt = model_from_weights(path, config, overrides, device="cpu")
     info = deploy_info(cfg, saved_classes(ckpt, cfg.model.num_classes, path))
     net = with_tta(model.network, cfg.eval.tta)  # TTA travels in the file
-    traced = [f for f in formats if f in (ONNX, EXPORTED_PROGRAM)]
-    program = export_program(net, info) if len(traced) > 1 else None
+    shared = sum(f in (ONNX, EXPORTED_PROGRAM) for f in formats) > 1  # both trace the same torch.export graph
+    program = export_program(net, info) if shared else None
     for out, f in zip(outs, formats):
         with contextlib.ExitStack() as stack:
             for folder in _owned(path, out):
