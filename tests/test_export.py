@@ -138,6 +138,9 @@ def test_bad_checkpoints_onnx_files_and_outputs_are_one_line(run, exported, imag
     assert "drop --format" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "m.ts", "--format", "onnx")
     assert "named twice" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "x" / ".." / "m.onnx")
     assert "is a folder" in refused("export", ckpt, tmp_path / "m.onnx", tmp_path / "dir.onnx")  # none written
+    code, out, err = cli("export", ckpt, tmp_path / "ok.ts", tmp_path / "fifo.onnx")  # refused at its write
+    assert code == 2 and out.startswith(f"wrote {tmp_path / 'ok.ts'} (torchscript)") and "FIFO" in err
+    (tmp_path / "ok.ts").unlink()  # whole, and said to be written before the refusal
     assert "is a FIFO" in refused("predict", "--checkpoint", tmp_path / "fifo.onnx", images[0])
     assert "is a folder" in refused("predict", "--checkpoint", tmp_path / "dir.onnx", images[0])
     assert "not found" in refused("predict", "--checkpoint", tmp_path / "missing.onnx", images[0])

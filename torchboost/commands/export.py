@@ -4,9 +4,13 @@ size, normalisation and class names recorded."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from torchboost.errors import printable
 from torchboost.commands.args import add_recipe, add_threads
+
+if TYPE_CHECKING:
+    from torchboost.deploy import DeployInfo
 
 NAME = "export"
 HELP = ("write a checkpoint for deployment: ONNX, TorchScript or an ExportedProgram, with its input size, "
@@ -29,11 +33,15 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..recipe.export import export_checkpoint
 
-    info, formats = export_checkpoint(args.checkpoint, args.out, args.format, config=args.config,
-                                      overrides=args.set or [])
+    export_checkpoint(args.checkpoint, args.out, args.format, config=args.config, overrides=args.set or [],
+                      written=_say_written)
+    return 0
+
+
+def _say_written(out: str, fmt: str, info: "DeployInfo") -> None:
+    """One line per file, printed as it is written."""
     stats = " ".join(f"{name} ({', '.join(f'{v:.4g}' for v in values)})" for name, values in
                      (("mean", info.mean), ("std", info.std)))
-    for out, fmt in zip(args.out, formats):
-        print(f"wrote {printable(out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
-              f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes")
-    return 0
+    print(f"wrote {printable(out)} ({fmt}): {info.model} on float32 N×{'×'.join(map(str, info.input_size))}, "
+          f"normalised: resize {info.resize}, centre crop {info.size}, {stats}; {len(info.classes)} classes",
+          flush=True)

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from torchboost.deploy import DeployInfo
 from torchboost.deploy.export import EXPORTED_PROGRAM, ONNX, export_network, export_program, format_for
@@ -31,9 +31,11 @@ from torchboost.train.checkpoint import saved_classes
 
 
 def export_checkpoint(path: str, outs: Sequence[str], fmt: Optional[str] = None, config: Optional[str] = None,
-                      overrides: Sequence[str] = ()) -> tuple[DeployInfo, list[str]]:
+                      overrides: Sequence[str] = (),
+                      written: Callable[[str, str, DeployInfo], None] = lambda out, fmt, info: None) -> DeployInfo:
     """Write the network of checkpoint `path` to each of `outs` (the checkpoint read once, one torch.export trace
-    for an .onnx and a .pt2); returns (what was recorded, the formats written, in `outs`' order)."""
+    for an .onnx and a .pt2), calling `written(out, format, info)` after each file (so a refusal of a later OUT
+    follows the word on the earlier ones); returns what was recorded."""
     if fmt is not None and len(outs) > 1:
         raise ConfigError(f"--format {fmt} names the format of one OUT, and {len(outs)} are given",
                           "drop --format: each OUT's name gives its format")
@@ -55,7 +57,8 @@ def export_checkpoint(path: str, outs: Sequence[str], fmt: Optional[str] = None,
             for folder in _owned(path, out):
                 stack.enter_context(confine_writes(folder))
             export_network(net, info, out, f, program)
-    return info, formats
+        written(out, f, info)
+    return info
 
 
 def deploy_info(cfg: Config, classes: Optional[list[str]]) -> DeployInfo:
