@@ -118,7 +118,7 @@ def run(data: Path, out: Path, model: str, epochs: int, bound_s: float, extra: l
     rows = rows_of(out / "history.jsonl")[:epochs]
     said = log.read_text(errors="replace")
     note = next((line for line in said.splitlines() if line.startswith("note:")), "")
-    settings = re.search(r"settings for a folder: (.*?) \(each can be set\)", note)
+    settings = re.search(r"settings for a folder: (.*?) \(each can be set", note)
     val = [round(r.get("val_top_1_accuracy", float("nan")), 4) for r in rows]
     return {"model": model, "val_top_1": val, "train_top_1": [round(r.get("train_top_1_accuracy", float("nan")), 4)
                                                                for r in rows],

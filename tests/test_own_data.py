@@ -208,8 +208,8 @@ def test_mindspore_amp_levels_become_torch_keys(train, want):
 
 @pytest.mark.slow
 def test_a_batch_larger_than_the_data_is_one_batch_per_epoch(tmp_path, capsys):
-    data = make_folder(tmp_path / "d")  # 18 training images; the default batch is 64
-    assert main(["train", "--data", str(data), *QUIET, "--epochs", "2", "-o", str(tmp_path / "o")]) == 0
+    data = make_folder(tmp_path / "d")  # 18 training images (a folder's own batch would be 16: asked for here)
+    assert main(["train", "--data", str(data), *QUIET, "--epochs", "2", "-b", "64", "-o", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "note: data.batch_size=64 is larger than the 18 training images there are: each epoch is one batch of 18" in out
     assert yaml.safe_load((tmp_path / "o" / "config.yaml").read_text())["data"]["batch_size"] == 18

@@ -23,7 +23,9 @@ from test_zoo_generator import make_colours
 from torchboost.cli import main
 from torchboost.models import list_models
 from torchboost.recipe.load import recipe_with_data
-from torchboost.recipe.model_defaults import FOLDER_DEFAULTS, WHY, folder_defaults
+from torchboost.models import has_batchnorm
+from torchboost.recipe.model_defaults import (BATCH_WHY, FOLDER_DEFAULTS, WHY, folder_batch,
+                                              folder_defaults)
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "own-folder.md"
 EXAMPLES = ("mobilenet_v3_small", "efficientnet_b0")
@@ -54,10 +56,61 @@ def test_the_issues_examples_learn_at_their_defaults(name, colours, tmp_path, ca
 
 
 def test_folder_defaults_leave_what_the_user_set():
-    assert folder_defaults("efficientnet_b0", ["optim.lr=0.1"]) == ["train.precise_bn=10"]
-    assert folder_defaults("efficientnet_b0", []) == ["train.precise_bn=10", "optim.lr=0.01"]
+    adamw = ["optim.name=adamw", "optim.momentum=null", "optim.lr=0.001", "optim.weight_decay=0.05"]
+    assert folder_defaults("efficientnet_b0", ["optim.lr=0.1"]) == ["train.precise_bn=10", *adamw[:2], adamw[3]]
+    assert folder_defaults("efficientnet_b0", []) == ["train.precise_bn=10", *adamw]
+    # another optimizer named: none of the settings chosen for the network's own optimizer
+    assert folder_defaults("efficientnet_b0", ["optim.name=sgd"], 400) == ["data.batch_size=16", "train.precise_bn=10"]
+    assert folder_defaults("convnext_tiny", ["optim.name=sgd"]) == []
+    assert folder_defaults("resnet18", ["optim.name=sgd"]) == ["train.precise_bn=10", "optim.lr=0.02"]  # its own
     assert folder_defaults("resnet18", ["train.precise_bn=0", "optim.lr = 0.1"]) == []
     assert folder_defaults("mnist_cnn", []) == [] and folder_defaults("not_a_zoo_name", []) == []
+
+
+@pytest.mark.parametrize("images", [1, 79, 80, 400, 639, 640, 1279, 1280, 2559, 2560, 10**6])
+@pytest.mark.parametrize("name", ["resnet20", "mnist_cnn", "convnext_tiny"])
+def test_a_folders_batch_gives_40_updates_an_epoch_within_its_bounds(images, name):
+    """Independently: of the batches 2, 4, ..., 64 (from 16 for a BatchNorm network), the largest with 40 updates
+    an epoch, else the smallest."""
+    batches = [b for b in (2, 4, 8, 16, 32, 64) if b >= (16 if has_batchnorm(name) else 2)]
+    expected = max([b for b in batches if images / b >= 40], default=batches[0])
+    assert folder_batch(images, name) == expected
+    shown = folder_defaults(name, [], images)
+    assert (f"data.batch_size={expected}" in shown) == (expected != 64)  # 64: the default recipe's, not repeated
+    assert not any(item.startswith("data.batch_size") for item in folder_defaults(name, ["data.batch_size=8"], images))
+
+
+def folder_of(root: Path, per_class: list[int]) -> Path:
+    """root/train/c<k>/ with per_class[k] empty .png files (counted, never decoded, before the run)."""
+    for k, n in enumerate(per_class):
+        (root / "train" / f"c{k}").mkdir(parents=True)
+        for i in range(n):
+            (root / "train" / f"c{k}" / f"{i}.png").touch()
+    return root
+
+
+def test_a_small_folders_note_names_its_batch_and_the_updates_it_gives(tmp_path):
+    data = folder_of(tmp_path / "d", [150, 150, 50])  # 350 images: 16 a batch, 21 updates an epoch
+    cfg, overrides, note = recipe_with_data(None, ["model.name=resnet20"], str(data), choose_model=True)
+    assert cfg.data.batch_size == 16 and "data.batch_size=16" in overrides  # what a resume re-applies
+    assert "resnet20's settings for a folder: data.batch_size=16, train.precise_bn=10 (each can be set; " \
+           "data.batch_size=16: 21 updates an epoch of 350 training images)" in note
+    cfg, _, note = recipe_with_data(None, ["model.name=resnet20", "data.batch_size=100"], str(data),
+                                    choose_model=True)
+    assert cfg.data.batch_size == 100 and "data.batch_size" not in note
+    cfg, _, note = recipe_with_data("mnist-lenet", ["model.name=resnet20"], str(data))  # a recipe keeps its own
+    assert cfg.data.batch_size == 64
+
+
+def test_a_big_folder_keeps_the_default_batch_and_is_counted_only_so_far(tmp_path, monkeypatch):
+    import torchboost.recipe.load as load
+
+    data = folder_of(tmp_path / "d", [1300, 1300, 1300])
+    listed = []
+    monkeypatch.setattr(load, "class_files", lambda folder: listed.append(folder) or sorted(folder.iterdir()))
+    cfg, _, note = recipe_with_data(None, ["model.name=resnet20"], str(data), choose_model=True)
+    assert cfg.data.batch_size == 64 and "data.batch_size" not in note
+    assert len(listed) == 2  # 2,600 images from two classes are enough to know: the third is not listed
 
 
 def test_every_zoo_network_has_its_folder_settings_and_a_reason():
@@ -77,8 +130,8 @@ def test_the_guide_shows_every_networks_folder_settings():
 
 
 @pytest.mark.parametrize("name,precise_bn,lr", [("resnet18", 10, 0.02), ("resnet20", 10, 0.05),
-                                                ("convnext_tiny", 0, 0.01), ("mnist_cnn", 0, 0.05),
-                                                ("efficientnet_b0", 10, 0.01)])
+                                                ("convnext_tiny", 0, 0.001), ("mnist_cnn", 0, 0.05),
+                                                ("efficientnet_b0", 10, 0.001)])
 def test_a_folder_run_resolves_to_its_networks_settings_under_what_the_user_set(tmp_path, name, precise_bn, lr):
     (tmp_path / "train").mkdir()
     cfg, overrides, note = recipe_with_data(None, [f"model.name={name}"], str(tmp_path), choose_model=True)
@@ -113,3 +166,4 @@ def test_torchboost_options_lists_every_networks_folder_settings(capsys):
     said = capsys.readouterr().out.splitlines()
     for name, items in FOLDER_DEFAULTS.items():
         assert f"      {name}: {', '.join(items) or 'none'}" in said, name
+    assert f"      every network: data.batch_size from the folder's training images, {BATCH_WHY}" in said

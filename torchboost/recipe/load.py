@@ -11,12 +11,14 @@ from typing import Optional, Sequence
 
 from torch.utils.data import Dataset
 
+from torchboost.data.folder import class_files, find_classes
+from torchboost.errors import DataError
 from torchboost.models import list_models
 from torchboost.recipe.config import Config, build_config, merge, parse_override
 from torchboost.recipe.files import find_recipe, read_yaml
 from torchboost.recipe.data import load_data, model_for_data
 from torchboost.recipe.kinds import FOLDER, get_kind
-from torchboost.recipe.model_defaults import folder_defaults
+from torchboost.recipe.model_defaults import FULL_BATCH_IMAGES, folder_defaults
 from torchboost.recipe.resolve import resolve_config
 from torchboost.recipe.validation import validate, validated
 from torchboost.train.checkpoint import torch_load
@@ -41,7 +43,8 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     the overrides including those, for applying to a run's saved config; the note saying so, or None).
     With `choose_model` (the user named no recipe) and no model.name override, the model is chosen from a
     sample of the images (`model_for_data`) and the note says which and why; with `choose_model`, the model's
-    folder defaults (`model_defaults`) fill the keys the overrides leave unset, and the note names them. Keys and types are checked,
+    folder defaults (`model_defaults`: a batch from the count of the folder's training images, then the network's
+    own) fill the keys the overrides leave unset, and the note names them. Keys and types are checked,
     values not yet (`validate`). The recipe is read and built once."""
     cfg = build_config(read_yaml(find_recipe(recipe)) if recipe is not None else None, overrides or ())
     overrides, note = list(overrides), None
@@ -75,18 +78,39 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
             merge(cfg, parse_override(item))
         extra += chosen
         note = (note + "; " if note else f"note: --data {data}: ") + f"{said}; choose another with --set model.name=NAME"
-    defaults = folder_defaults(cfg.model.name, overrides) if choose_model else []
+    images = training_images(cfg, FULL_BATCH_IMAGES) if choose_model else None
+    defaults = folder_defaults(cfg.model.name, overrides, images) if choose_model else []
     for item in defaults:  # the network's own settings where the default recipe's do not suit it
         merge(cfg, parse_override(item))
     if defaults:
+        batch = f"data.batch_size={cfg.data.batch_size}"  # the folder's batch, when it is one of them: why
+        why = (f"; {batch}: {images // cfg.data.batch_size} updates an epoch of {images} training images"
+               if batch in defaults else "")
         note = (note + "; " if note else f"note: --data {data}: ") + \
-            f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set)"
+            f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set{why})"
     if replaced and choose_model and "name" not in given:
         name = run_name(cfg.model.name, data)  # not the recipe's job any more: runs/NAME, the MLflow experiment
         merge(cfg, parse_override(f"name={name}"))
         extra.append(f"name={name}")
         note += f"; the run is named {name} (its folder runs/{name} unless -o, its MLflow experiment)"
     return cfg, overrides + extra + defaults, note
+
+
+def training_images(cfg: Config, enough: int) -> Optional[int]:
+    """The images of an image folder's train/ split, counted class by class up to `enough` (past it a folder's
+    batch is the default recipe's: a big folder is not listed twice); None for other kinds or without train/."""
+    root = Path(cfg.data.path or "") / "train"
+    if not get_kind(cfg.data.dataset).folder or not root.is_dir():
+        return None
+    count = 0
+    try:
+        for name in find_classes(root):
+            count += len(class_files(root / name))
+            if count >= enough:
+                break
+    except DataError:  # no class folders, an empty one: the data set's own reader says so, in the run's words
+        return None
+    return count
 
 
 def checkpoint_input(path: Optional[str]) -> Optional[list[str]]:

@@ -19,7 +19,7 @@ from torchboost.boost.config import ALGORITHMS, MODES, SECTIONS
 from torchboost.errors import ConfigError, suggest
 from torchboost.options import describe_rules, leaf_fields
 from torchboost.recipe.config import Config
-from torchboost.recipe.model_defaults import FOLDER_DEFAULTS
+from torchboost.recipe.model_defaults import BATCH_WHY, FOLDER_DEFAULTS
 
 CONFIG_DOC = "docs/CONFIG.md"
 
@@ -93,6 +93,7 @@ def render_text(selected: list[Row]) -> str:
         if r.key == "model.name":  # each network's own settings on a folder (recipe.model_defaults)
             lines.append("    each network's settings on a folder with no recipe named (train --data DIR), for the "
                          "keys left unset:")
+            lines.append(f"      every network: data.batch_size from the folder's training images, {BATCH_WHY}")
             lines += [f"      {name}: {', '.join(items) or 'none'}" for name, items in FOLDER_DEFAULTS.items()]
     return "\n".join(lines)
 

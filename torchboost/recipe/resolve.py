@@ -91,13 +91,18 @@ MIN_UPDATES = 10
 MIN_BN_BATCH = 16  # below it a BatchNorm network's batch statistics are noise: never advised for one
 
 
+def smallest_batch(model: str) -> int:
+    """The smallest batch advised or chosen for `model`: MIN_BN_BATCH for a BatchNorm network, else 2."""
+    return MIN_BN_BATCH if has_batchnorm(model) else 2
+
+
 def more_updates(images: int, model: str, verb: str = "train") -> str:
     """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two, at least MIN_BN_BATCH
     for a BatchNorm network), or more images (`verb`: what to do on them)."""
     def power_of_two(n: int) -> int:
         return 1 << (max(n, 1).bit_length() - 1)
 
-    smallest = MIN_BN_BATCH if has_batchnorm(model) else 2
+    smallest = smallest_batch(model)
     batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
     if batch < smallest:
         batch = power_of_two(images // MIN_UPDATES)
