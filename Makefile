@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel of torch 2.13.0 is the only torch we ever install here: any other version pulls CUDA.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all]'
+	# The CPU wheel of torch 2.13.0 is the only torch we ever install here: any other version pulls CUDA. One
+	# resolution for torch and the project; pip byte-compiles on one core (over half of a setup's time), so it
+	# skips that and compileall does it on every core. Like pip, a file written for another Python (torch ships
+	# one in 3.12 syntax) is left uncompiled, not an error.
+	$(PY) -m pip install -q --no-compile torch==2.13.0 -e '.[all]'
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -18,9 +20,11 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/torchboost train
 
-# every core (pytest-xdist, pyproject's addopts), one thread each; the 20 slowest tests listed at the end
+# every core (pytest-xdist, pyproject's addopts), one thread each; the 20 slowest tests listed at the end.
+# Byte-code caches on even where the shell sets PYTHONDONTWRITEBYTECODE: without them every xdist worker rewrites
+# the test modules' asserts (~10 s each) and every process a test starts recompiles torchboost.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=20
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --durations=20
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -118,16 +118,17 @@ def env() -> dict:
             "PYTHONFAULTHANDLER": "1"}
 
 
-def launch(out: Path, epochs: int, save_every: int, nproc: int, plan: dict | None = None) -> subprocess.Popen:
-    """torchrun with `nproc` workers; with a plan, through this file's worker side and --max-restarts."""
+def launch(out: Path, epochs: int, save_every: int, nproc: int, plan: dict | None = None,
+           restarts: int = 0) -> subprocess.Popen:
+    """torchrun with `nproc` workers; with a plan, through this file's worker side and a restart per fault; without
+    one, `restarts` restarts allowed (for a fault from outside)."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "--monitor-interval=0.1"]
+                "--monitor-interval=0.1", f"--max-restarts={len(plan['faults']) if plan else restarts}"]
     if plan is None:
         entry = ["-m", "torchboost"]
     else:
         plan_path = out.parent / f"{out.name}.plan.json"
         plan_path.write_text(json.dumps(plan))
-        torchrun.append(f"--max-restarts={len(plan['faults'])}")
         entry = [str(Path(__file__).resolve()), "--worker", str(plan_path)]
     return subprocess.Popen([*torchrun, *entry, *train_args(epochs, save_every, out)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, start_new_session=True)

@@ -77,7 +77,7 @@ def _joined_store(env: TorchrunEnv, timeout_s: float, join_timeout_s: float, job
     """The store every rank joined through (`join.join`), its operations now bounded by the training timeout.
     Its keys carry torchrun's restart count: a restarted worker group reuses the agent's store, where the first
     group's keys (each rank's address) still sit, and without the prefix the new ranks read the dead ones'
-    addresses and gloo's connect fails, so the restarted group never forms (tests/test_elastic_restart.py)."""
+    addresses and gloo's connect fails, so the restarted group never forms (tests/test_elastic.py)."""
     store = dist.PrefixStore(f"torchboost/attempt_{env.restart_count}", open_store(env, join_timeout_s))
     try:
         join(store, env, job, join_timeout_s)
