@@ -137,23 +137,3 @@ def test_a_closed_tracking_port_fails_in_seconds_with_its_cause(tmp_path, capsys
                      *QUIET])
     err = one_error(capsys, code)
     assert "Connection refused" in err and "no checkpoint was written yet" in err and "intact" not in err
-
-
-@pytest.mark.slow
-def test_a_plain_train_writes_nothing_under_home_or_tmpdir(tmp_path):
-    """matplotlib's font cache goes under the run (OUTPUT/.cache), not ~/.cache or ~/.matplotlib; nothing
-    lands in $TMPDIR. A fresh process: matplotlib settles its folders at its first import."""
-    import subprocess
-    import sys
-
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL", "TORCHINDUCTOR", "TRITON"))}
-    env.update(HOME=str(home), TMPDIR=str(tmp))
-    out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "torchboost", "train", "-c", "digits-lenet", "--epochs", "1", "-b",
-                           "512", "-o", str(out), *QUIET], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert list(home.rglob("*")) == [] and list(tmp.rglob("*")) == []
-    assert (out / "history.png").is_file()

@@ -114,7 +114,7 @@ LIBRARY_VARIABLES = ("MPL", "TORCHINDUCTOR", "TRITON", "TORCHBOOST_CACHE", "MLFL
 def test_no_subcommand_leaves_anything_in_home_tmpdir_xdg_or_the_working_folder(made, tmp_path):
     """Measured: every path under the sentinel HOME, TMPDIR, XDG folders and working folder after each
     subcommand (each ran to its expected exit code), in a fresh process that inherits none of the libraries'
-    variables. Caught before: ONNX Runtime's ~/.cache/Microsoft/DeveloperTools/.onnxruntime and $TMPDIR/.ses,
+    variables (round 3's plain `train` among them: matplotlib's font cache goes under the run). Caught before: ONNX Runtime's ~/.cache/Microsoft/DeveloperTools/.onnxruntime and $TMPDIR/.ses,
     an empty $TMPDIR/torchinductor_<user> from export, race, lr-find and predict, matplotlib's ~/.cache/matplotlib
     from eval --out."""
     places = {name: tmp_path / "sentinel" / name.lower() for name in (*SENTINELS, "CWD")}
@@ -130,6 +130,7 @@ def test_no_subcommand_leaves_anything_in_home_tmpdir_xdg_or_the_working_folder(
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(runs), watched], cwd=places["CWD"], env=env,
                           capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "t" / "history.png").is_file()  # matplotlib drew, its caches under the run
 
 
 def one_line(code: int, out: str, err: str) -> str:
