@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from torchboost.cli import main
 
@@ -123,5 +124,9 @@ def test_every_command_runs_in_a_fresh_folder(tmp_path, monkeypatch, capsys):
             assert ckpts == ["mnist_cnn-13_62.pt", "mnist_cnn-14_62.pt", "mnist_cnn-15_62.pt", "mnist_cnn-best.pt"]
             assert main(["train", "--set", "train.progress_bar=false"]) == 2  # run again: refused, not lost
             assert "--overwrite" in capsys.readouterr().err
+        if "--data data/mnist5k" in cmd:  # the same digits as PNGs: augmentation follows the 28-px model
+            acc = float(out.out.split("final: top-1 ")[1].split(",")[0])
+            saved = yaml.safe_load((tmp_path / "runs/mnist-folder/config.yaml").read_text())["data"]
+            assert saved["augment"] == "shift" and acc >= 0.93  # shifts, no ImageNet crops (those gave 76%)
     assert len(ran) >= 8, ran
     assert all(why for _, why in skipped if _.startswith("torchboost") or _.startswith(("make", "torchrun")))

@@ -47,12 +47,12 @@ def _cli(*args, **kw):
 @pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume(tmp_path):
     common = ["train", "--config", "digits-lenet", *sum((["--set", s] for s in FAST), []),
-              "--set", "train.epochs=6", "--set", "checkpoint.save_every_steps=7", "--set", "checkpoint.keep_max=50"]
+              "--set", "train.epochs=4", "--set", "checkpoint.save_every_steps=7", "--set", "checkpoint.keep_max=50"]
     ref = _cli(*common, "--output", str(tmp_path / "ref"))
     victim = _cli(*common, "--set", "train.log_every=10", "--output", str(tmp_path / "run"))
     ckdir = tmp_path / "run" / "ckpt"
     # An event, not a clock: kill at the first loss line of epoch 3 (epoch 2's step checkpoints exist by then,
-    # and epochs 3-6 are still to come).
+    # and epochs 3-4 are still to come).
     for line in victim.stdout:
         if line.startswith("epoch: 3 "):
             victim.send_signal(signal.SIGKILL)
