@@ -70,11 +70,11 @@ def test_two_launched_nodes_of_two_processes_each_train_and_every_worklog_names_
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_node_that_never_arrives_ends_the_job_after_dist_timeout_s_with_one_line(tmp_path):
-    lonely = launch(free_port(), tmp_path / "out", 2, 1, "--set", "dist.timeout_s=10")
+    lonely = launch(free_port(), tmp_path / "out", 2, 1, "--set", "dist.timeout_s=3")
     ((out, err),) = finish([lonely], 300)  # the bound against a hang: far below torchrun's 600 s default
     assert lonely.returncode == 2
     assert err.splitlines() == ["error: not every node joined the rendezvous at 127.0.0.1:"
-                                f"{lonely.args[lonely.args.index('--rdzv-endpoint') + 1].split(':')[1]} within 10 s "
+                                f"{lonely.args[lonely.args.index('--rdzv-endpoint') + 1].split(':')[1]} within 3 s "
                                 "(dist.timeout_s): 2 node(s) expected — start the same command on every node (--nnodes "
                                 "counts them), check that the endpoint is reachable from each, or raise dist.timeout_s"]
     assert out == "" and not (tmp_path / "out").exists()  # nothing trained, nothing written

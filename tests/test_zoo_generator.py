@@ -7,10 +7,12 @@ Sizes: 3 classes of 32 px RGB images, 4 each to train on and 2 to evaluate, batc
 layers and the tool's paths are what is checked, not learning (tests/test_zoo_defaults.py measures that).
 Training starts from weights whose BatchNorm layers are far from their initial state (random affine parameters,
 running statistics of two noise batches; timm's fixture weights for the networks timm shares): a zero-initialised
-last BatchNorm of a residual block would hide a wrongly exported branch. ResNet-101 and -152 (ResNet-50's blocks
-stacked deeper) are exported to ONNX only: their .pt2 and .ts go through the same code as ResNet-50's. One network
-of each family with a sibling trains at 100 px instead (ResNet-34, -101, CIFAR ResNet-32, MobileNetV3-Large): their
-last feature maps are larger than 1×1, which changes the ops an export holds (the allow-list test below).
+last BatchNorm of a residual block would hide a wrongly exported branch. Every network goes the user's path: train,
+`eval`, export, `predict` on the .onnx against `predict` on the checkpoint. A family's first member also has its .pt2
+and .ts archives run and ONNX Runtime's logits compared with torch's: how a network traces differs between block
+families, not between depths, so a sibling (SIBLINGS: the same blocks, stacked deeper or wider) exports to ONNX
+only. One sibling of each family trains at 100 px instead (ResNet-34, -101, CIFAR ResNet-32, MobileNetV3-Large):
+their last feature maps are larger than 1×1, which changes the ops an export holds (the allow-list test below).
 
 Tolerance rule: an export matches when max|exported − torch| ≤ 1e-4 · max|torch| over the batch's logits (relative
 to the largest logit, so a logit near zero cannot inflate the error), at batch 1 and at the 6 evaluation images
@@ -45,7 +47,10 @@ SIZE, TRAIN, VAL = 32, 4, 2  # px, images per class
 COLOURS = ((220, 40, 40), (40, 200, 40), (40, 40, 220))
 QUIET = ["--set", "train.progress_bar=false", "--set", "train.log_every=1000"]
 FORMATS = ("m.onnx", "m.pt2", "m.ts")
-DEEPER_ONLY = ("resnet101", "resnet152")  # ONNX only
+# sibling -> its family's first member, whose blocks it stacks deeper or wider: ONNX only (the archives and the logits
+# comparison run on the first member)
+SIBLINGS = {"resnet32": "resnet20", "resnet44": "resnet20", "resnet56": "resnet20", "resnet34": "resnet18",
+            "resnet101": "resnet50", "resnet152": "resnet50", "mobilenet_v3_large": "mobilenet_v3_small"}
 TOL = 1e-4  # probabilities: the exports run the checkpoint's network on the same preprocessed images
 LOGITS_TOL = 1e-4  # ONNX Runtime against torch, relative to the largest logit (seen: at most 1e-5)
 
@@ -159,16 +164,29 @@ def test_every_zoo_model_trains_evaluates_exports_and_predicts_the_same(name, fo
     assert main(["eval", "--checkpoint", ckpt, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["samples"] == len(COLOURS) * VAL
     want = _probabilities(capsys, ["--checkpoint", ckpt, str(folder / "val")])
-    formats = FORMATS[:1] if name in DEEPER_ONLY else FORMATS
+    formats = FORMATS[:1] if name in SIBLINGS else FORMATS
     assert main(["export", ckpt, *(str(tmp_path / export) for export in formats)]) == 0, capsys.readouterr().err
     ops = {node.op_type for node in onnx.load(tmp_path / "m.onnx").graph.node}
     assert ops <= ZOO_OPS, f"{name} exports to ops off the zoo's list: {sorted(ops - ZOO_OPS)}"
     _agree(_probabilities(capsys, ["--checkpoint", str(tmp_path / "m.onnx"), str(folder / "val")]), want, "onnx")
+    if name in SIBLINGS:
+        print(f"{name}: {time.process_time() - start:.1f} s CPU (a sibling of {SIBLINGS[name]})")
+        return
     logits_error = _onnx_logits_error(ckpt, tmp_path / "m.onnx", sorted(want))
     assert logits_error <= LOGITS_TOL, f"{name}: ONNX Runtime's logits differ from torch's by {logits_error:.1e}"
     for archive in formats[1:]:
         _agree(_archive_probabilities(tmp_path / archive, sorted(want)), want, archive)
     print(f"{name}: {time.process_time() - start:.1f} s CPU; ONNX Runtime vs torch logits {logits_error:.1e} relative")
+
+
+def test_every_sibling_is_a_zoo_network_built_of_its_first_members_blocks():
+    """SIBLINGS' claim, checked: each sibling and its family's first member are zoo networks whose layers are of the
+    same kinds (module classes), so the archives and logits checked on the first member cover the sibling's code."""
+    for sibling, first in SIBLINGS.items():
+        assert {sibling, first} <= set(list_models()) and first not in SIBLINGS
+        with torch.device("meta"):
+            kinds = [{type(m) for m in create_model(n, 3, 3).modules()} for n in (sibling, first)]
+        assert kinds[0] == kinds[1], (sibling, first, kinds[0] ^ kinds[1])
 
 
 # the families the generator trains at one size only (no sibling in AT_100), here at the second
