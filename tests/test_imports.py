@@ -44,6 +44,7 @@ def test_a_builtin_training_run_imports_no_migration_or_shard_reader(tmp_path):
     assert "final: top-1" in out and "torchboost.train.model" in loaded  # it trained, through the real path
     assert not sorted(m for m in loaded if m == "torchboost.migrate" or m.startswith("torchboost.migrate."))
     assert not sorted(loaded & SHARD_READERS)
+    assert "sklearn" not in loaded  # the digits are read from scikit-learn's file, not through its ~1.3 s import
 
 
 def test_help_imports_no_torch(tmp_path):
