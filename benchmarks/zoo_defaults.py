@@ -170,8 +170,9 @@ def main() -> int:
                       "command": "torchboost train --data DIR --set model.name=NAME --threads 1 (stopped after "
                                  f"{args.epochs} evaluations)"},
              "results": {}}
-    if args.merge and args.out.is_file():
-        table["results"] = json.loads(args.out.read_text()).get("results", {})
+    if args.merge and args.out.is_file():  # its rows and the diagnosis kept beside them
+        kept = json.loads(args.out.read_text())
+        table.update({key: kept[key] for key in ("results", "diagnosis") if key in kept})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="zoo-defaults-") as scratch:
         tmp = args.keep or Path(scratch)

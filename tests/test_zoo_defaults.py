@@ -64,11 +64,11 @@ def test_folder_defaults_leave_what_the_user_set():
     assert folder_defaults("convnext_tiny", ["optim.name=sgd"]) == []
     assert folder_defaults("resnet18", ["optim.name=sgd"]) == ["train.precise_bn=10", "optim.lr=0.02"]  # its own
     assert folder_defaults("resnet18", ["train.precise_bn=0", "optim.lr = 0.1"]) == []
-    assert folder_defaults("mnist_cnn", []) == [] and folder_defaults("not_a_zoo_name", []) == []
+    assert folder_defaults("mnist_cnn", ["data.batch_size=8"]) == [] and folder_defaults("not_a_zoo_name", []) == []
 
 
 @pytest.mark.parametrize("images", [1, 79, 80, 400, 639, 640, 1279, 1280, 2559, 2560, 10**6])
-@pytest.mark.parametrize("name", ["resnet20", "mnist_cnn", "convnext_tiny"])
+@pytest.mark.parametrize("name", ["resnet20", "efficientnet_b0", "convnext_tiny"])
 def test_a_folders_batch_gives_40_updates_an_epoch_within_its_bounds(images, name):
     """Independently: of the batches 2, 4, ..., 64 (from 16 for a BatchNorm network), the largest with 40 updates
     an epoch, else the smallest."""
@@ -78,6 +78,7 @@ def test_a_folders_batch_gives_40_updates_an_epoch_within_its_bounds(images, nam
     shown = folder_defaults(name, [], images)
     assert (f"data.batch_size={expected}" in shown) == (expected != 64)  # 64: the default recipe's, not repeated
     assert not any(item.startswith("data.batch_size") for item in folder_defaults(name, ["data.batch_size=8"], images))
+    assert folder_defaults("mnist_cnn", [], images) == ["data.batch_size=64"]  # its own: the recipe's
 
 
 def folder_of(root: Path, per_class: list[int]) -> Path:

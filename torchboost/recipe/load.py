@@ -85,7 +85,7 @@ def recipe_with_data(recipe: Optional[str], overrides: Sequence[str], data: Opti
     if defaults:
         batch = f"data.batch_size={cfg.data.batch_size}"  # the folder's batch, when it is one of them: why
         why = (f"; {batch}: {images // cfg.data.batch_size} updates an epoch of {images} training images"
-               if batch in defaults else "")
+               if batch in defaults and images is not None else "")
         note = (note + "; " if note else f"note: --data {data}: ") + \
             f"{cfg.model.name}'s settings for a folder: {', '.join(defaults)} (each can be set{why})"
     if replaced and choose_model and "name" not in given:
