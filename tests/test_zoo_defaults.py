@@ -167,4 +167,5 @@ def test_torchboost_options_lists_every_networks_folder_settings(capsys):
     said = capsys.readouterr().out.splitlines()
     for name, items in FOLDER_DEFAULTS.items():
         assert f"      {name}: {', '.join(items) or 'none'}" in said, name
-    assert f"      every network: data.batch_size from the folder's training images, {BATCH_WHY}" in said
+    assert (f"      every network: data.batch_size from the folder's training images, {BATCH_WHY} (unless "
+            "its own, below, names one)") in said

@@ -93,7 +93,8 @@ def render_text(selected: list[Row]) -> str:
         if r.key == "model.name":  # each network's own settings on a folder (recipe.model_defaults)
             lines.append("    each network's settings on a folder with no recipe named (train --data DIR), for the "
                          "keys left unset:")
-            lines.append(f"      every network: data.batch_size from the folder's training images, {BATCH_WHY}")
+            lines.append(f"      every network: data.batch_size from the folder's training images, {BATCH_WHY} (unless "
+                         "its own, below, names one)")
             lines += [f"      {name}: {', '.join(items) or 'none'}" for name, items in FOLDER_DEFAULTS.items()]
     return "\n".join(lines)
 
