@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	# skips that and compileall does it on every core, but for the packages' own test suites (a fifth of the
 	# source, never imported). Like pip, a file written for another Python (torch ships one in 3.12 syntax) is left
 	# uncompiled, not an error.
+	$(PY) -m pip install -q --upgrade pip  # the venv's own pip resolves this set ~12 s slower
 	$(PY) -m pip install -q --no-compile torch==2.13.0 -e '.[all]'
 	$(PY) -m compileall -q -j 0 -x '/tests/' $(VENV)/lib > /dev/null || true
 	touch $(STAMP)
