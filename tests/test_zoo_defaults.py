@@ -21,9 +21,8 @@ import pytest
 
 from test_zoo_generator import make_colours
 from torchboost.cli import main
-from torchboost.models import list_models
+from torchboost.models import has_batchnorm, list_models
 from torchboost.recipe.load import recipe_with_data
-from torchboost.models import has_batchnorm
 from torchboost.recipe.model_defaults import (BATCH_WHY, FOLDER_DEFAULTS, WHY, folder_batch,
                                               folder_defaults)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from torchboost.recipe.resolve import smallest_batch
+from torchboost.recipe.resolve import AIMED_UPDATES, power_of_two, smallest_batch
 
 PRECISE_BN = "train.precise_bn=10"
 ADAMW = ("optim.name=adamw", "optim.momentum=null", "optim.lr=0.001", "optim.weight_decay=0.05")
@@ -68,9 +68,8 @@ WHY: dict[str, str] = {
 
 
 OPTIMIZER_KEYS = ("optim.", "schedule.")  # what a network's own optimizer comes with
-FOLDER_UPDATES = 40  # updates an epoch a folder's batch aims at, as resolve.more_updates' advice does
 LARGEST_BATCH = 64  # the default recipe's, which a folder of FULL_BATCH_IMAGES or more keeps
-FULL_BATCH_IMAGES = FOLDER_UPDATES * LARGEST_BATCH
+FULL_BATCH_IMAGES = AIMED_UPDATES * LARGEST_BATCH
 BATCH_WHY = ("the largest power of two with 40 updates an epoch, at least 16 for a BatchNorm network (2 for "
              "others), at most the default recipe's 64: a BatchNorm network gets 16 up to 1,279 training images, 32 "
              "up to 2,559, 64 from 2,560 on")
@@ -79,8 +78,7 @@ BATCH_WHY = ("the largest power of two with 40 updates an epoch, at least 16 for
 def folder_batch(images: int, model: str) -> int:
     """The batch `model` gets on a folder of `images` training images (`BATCH_WHY`): at the default recipe's 64 a
     small folder gives too few updates an epoch for a network trained from scratch to learn in its first epochs."""
-    fit = 1 << (max(images // FOLDER_UPDATES, 1).bit_length() - 1)
-    return min(LARGEST_BATCH, max(smallest_batch(model), fit))
+    return min(LARGEST_BATCH, max(smallest_batch(model), power_of_two(images // AIMED_UPDATES)))
 
 
 def folder_defaults(model: str, overrides: Sequence[str], images: Optional[int] = None) -> list[str]:

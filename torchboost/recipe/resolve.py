@@ -88,7 +88,13 @@ def fit_batch(cfg: Config, images: int, world_size: int, per_rank: int | None = 
 # Fewer updates an epoch and an epoch's numbers reflect the first few steps (and the lr warm-up): a race cannot rank
 # by them, and a run's BatchNorm statistics and lr schedule have little to work with.
 MIN_UPDATES = 10
+AIMED_UPDATES = 4 * MIN_UPDATES  # what advice (and a folder's batch, recipe.model_defaults) aims at
 MIN_BN_BATCH = 16  # below it a BatchNorm network's batch statistics are noise: never advised for one
+
+
+def power_of_two(n: int) -> int:
+    """The largest power of two <= n (1 for n < 2)."""
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def smallest_batch(model: str) -> int:
@@ -99,11 +105,8 @@ def smallest_batch(model: str) -> int:
 def more_updates(images: int, model: str, verb: str = "train") -> str:
     """How to get at least MIN_UPDATES updates an epoch: a smaller batch (a power of two, at least MIN_BN_BATCH
     for a BatchNorm network), or more images (`verb`: what to do on them)."""
-    def power_of_two(n: int) -> int:
-        return 1 << (max(n, 1).bit_length() - 1)
-
     smallest = smallest_batch(model)
-    batch = power_of_two(images // (4 * MIN_UPDATES))  # aim at 40 updates, else at least 10
+    batch = power_of_two(images // AIMED_UPDATES)  # aim at 40 updates, else at least 10
     if batch < smallest:
         batch = power_of_two(images // MIN_UPDATES)
     if batch < smallest:
