@@ -55,3 +55,17 @@ def digits_run(tmp_path_factory) -> Path:
             (shared / "digits-run.done").touch()
     return out
 
+
+
+# The modules whose tests take the longest (tens of CPU-seconds each: every zoo network through the CLI, torchrun
+# restarts, multi-node agents, the README's commands), run first: pytest-xdist gives each worker a contiguous share of
+# the collection and an idle worker steals from the end of the other's queue, so what is left at the end is short
+# tests rather than one worker on a 40-second test while the other core idles. Only the order changes; a module
+# missing from the list just keeps its place.
+HEAVY_FIRST = ("test_zoo_generator", "test_elastic", "test_readme", "test_multinode", "test_reliability",
+               "test_run_says", "test_device_decode", "test_shards", "test_train_e2e", "test_lr_find")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(getattr(getattr(item, "module", None), "__name__", ""), len(HEAVY_FIRST)))

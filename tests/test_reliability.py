@@ -186,19 +186,17 @@ def test_resume_mid_epoch_records_the_uninterrupted_history(tmp_path, capsys, mo
 
 @pytest.mark.slow
 def test_killed_between_the_epoch_checkpoint_and_the_history_write(tmp_path, capsys, monkeypatch):
-    from torchboost.train.callbacks import ModelCheckpoint
+    from torchboost.train import callbacks
 
-    out, real = tmp_path / "run", ModelCheckpoint._save
+    out, real = tmp_path / "run", callbacks.atomic_same
     every_epoch = ["--set", "checkpoint.save_every_epochs=1"]
 
-    def save(self, state, path, epoch_complete):
-        if path.name == "mnist_cnn-best.pt" and state.epoch == 0:
-            raise KeyboardInterrupt  # what a SIGKILL at this moment leaves: 1_44.pt written, no history row
-        return real(self, state, path, epoch_complete)
+    def link(source, path):  # epoch 1's best: the numbered checkpoint linked as the best one
+        raise KeyboardInterrupt  # what a SIGKILL at this moment leaves: 1_44.pt written, no history row
 
-    monkeypatch.setattr(ModelCheckpoint, "_save", save)
+    monkeypatch.setattr(callbacks, "atomic_same", link)
     assert train(capsys, out, *every_epoch, epochs=2)[0] == 130
-    monkeypatch.setattr(ModelCheckpoint, "_save", real)
+    monkeypatch.setattr(callbacks, "atomic_same", real)
     code, _, err = train(capsys, out, *every_epoch, "--resume", out / "ckpt" / "mnist_cnn-1_44.pt", epochs=2)
     assert code == 0, err
     assert [r["epoch"] for r in history_rows(out)] == [1, 2]

@@ -85,6 +85,21 @@ def test_save_best_writes_on_improvement_only_and_is_never_pruned(tmp_path):
     assert same(load_checkpoint(tmp_path / "tiny-best.pt")["model"], seen.weights[4])
 
 
+def test_the_best_of_a_numbered_epoch_is_that_file_linked_and_a_resume_from_it_keeps_it_best(tmp_path):
+    """An epoch that writes its numbered checkpoint and improves the best writes the best as that same file (one
+    serialization; a hard link, so pruning the numbered one leaves it whole), and the numbered file records the
+    improved value: a run resumed from epoch 2's file does not take epoch 3's worse value for a new best."""
+    cb = ModelCheckpoint("tiny", tmp_path, CheckpointConfig(keep_checkpoint_max=5), save_best="val_loss")
+    tiny_model().train(2, batches(2), [scripted("val_loss", [2.0, 1.0]), cb])
+    best, numbered = tmp_path / "tiny-best.pt", tmp_path / "tiny-2_2.pt"
+    assert best.stat().st_ino == numbered.stat().st_ino and best.read_bytes() == numbered.read_bytes()
+    model = tiny_model()
+    model.load_checkpoint(numbered)
+    again = ModelCheckpoint("tiny", tmp_path, CheckpointConfig(keep_checkpoint_max=1), save_best="val_loss")
+    model.train(3, batches(2), [scripted("val_loss", [2.0, 1.0, 1.5]), again])
+    assert load_checkpoint(best)["epoch"] + 1 == 2 and not numbered.exists()  # pruned; the best still reads
+
+
 def test_nonfinite_loss_stops_training_before_any_checkpoint_of_it(tmp_path):
     data = batches(3)
     data[2] = (data[2][0].clone().fill_(float("inf")), data[2][1])  # the 3rd batch of each epoch

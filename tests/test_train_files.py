@@ -164,14 +164,20 @@ def test_disk_full_writing_a_checkpoint(tmp_path, monkeypatch):
     assert (ckdir / "tiny-1_2.pt").read_bytes() == snap.data
 
 
-def test_disk_full_writing_the_best_checkpoint_keeps_the_previous_best(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["written", "linked"])
+def test_disk_full_writing_the_best_checkpoint_keeps_the_previous_best(tmp_path, monkeypatch, how):
     ckdir = tmp_path / "ckpt"
-    # torch.save calls: 1 best after epoch 1; 2 tiny-2_2.pt (last epoch); 3 best after epoch 2
-    monkeypatch.setattr(torch, "save", fail_on_call(torch.save, 3))
+    # the best after epoch 1 is torch.save's call 1 (every=3: no numbered file); epoch 2 improves and saves it
+    # itself ("written": call 2, of 3 epochs) or, as the last epoch's numbered file was just written, links it
+    if how == "linked":
+        monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    else:
+        monkeypatch.setattr(torch, "save", fail_on_call(torch.save, 2))
     snap = Snapshot(ckdir / "tiny-best.pt")
+    scripted = Scripted({1: {"val_loss": 2.0}, 2: {"val_loss": 1.0}, 3: {"val_loss": 0.5}})
+    saver = ModelCheckpoint("tiny", ckdir, CheckpointConfig(save_checkpoint_epochs=3), save_best="val_loss")
     with pytest.raises(OutputError, match="tiny-best.pt: no space left on device"):
-        train_two_epochs(ModelCheckpoint("tiny", ckdir, CheckpointConfig(save_checkpoint_epochs=0),
-                                         save_best="val_loss"), snap)
+        tiny_model().train(2 if how == "linked" else 3, batches(2), [Capture(), scripted, saver, snap])
     assert (ckdir / "tiny-best.pt").read_bytes() == snap.data and leftovers(tmp_path) == []
 
 

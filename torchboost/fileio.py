@@ -20,6 +20,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -272,6 +273,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError):  # cleanup must never hide the error being raised (ENOTDIR, EACCES...)
             tmp.unlink(missing_ok=True)
+
+
+def atomic_same(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Replace `path` atomically with a file of `source`'s bytes: a hard link to it (no second write of a big
+    checkpoint; removing `source` later leaves `path` whole), or a copy where the filesystem has no hard links."""
+    with atomic_path(path) as tmp:
+        try:
+            os.link(source, tmp)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+                raise
+            shutil.copyfile(source, tmp)
+    return Path(path)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:

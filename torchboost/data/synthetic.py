@@ -35,9 +35,10 @@ class SyntheticImages(TensorImageDataset):
             raise DataError(f"{n} synthetic {channels}×{size}×{size} images with a pool of {min(n, pool)} need "
                             f"{need / 2**30:.1f} GiB, over {MEMORY_SHARE:.0%} of this machine's memory",
                             "lower the image size, the sample count or the pool")
-        g = torch.Generator().manual_seed(seed)
-        images = torch.randint(0, 256, (min(n, pool), channels, size, size), generator=g, dtype=torch.uint8)
-        labels = torch.randint(0, num_classes, (n,), generator=g)
+        # numpy draws uint8 pixels ~4x faster than torch.randint (a 2048-px pool: 1 s, not 4)
+        shape = (min(n, pool), channels, size, size)
+        images = torch.from_numpy(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+        labels = torch.randint(0, num_classes, (n,), generator=torch.Generator().manual_seed(seed))
         super().__init__(images, labels[: len(images)], [str(c) for c in range(num_classes)],
                          (0.5,) * channels, (UNIFORM_STD,) * channels, uint8)
         self.labels, self.n = labels, n

@@ -73,7 +73,7 @@ class ManifestCallback(Callback):
         self.out, self.before, self.entries = out, set(before) - set(previous or {}), dict(previous or {})
 
     def record(self) -> None:
-        entries = {}
+        entries, digests = {}, {}  # digests: by inode, so a hard-linked best checkpoint is read once
         for rel in _files(self.out):
             if rel in self.before:
                 continue
@@ -83,7 +83,9 @@ class ManifestCallback(Callback):
             if old and old.get("size") == stat.st_size and old.get("mtime") == stat.st_mtime_ns:
                 entries[rel] = old  # unchanged since last recorded: no re-hash of big checkpoints
             else:
-                entries[rel] = {"size": stat.st_size, "sha256": _digest(path), "mtime": stat.st_mtime_ns}
+                key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                digests[key] = digests.get(key) or _digest(path)
+                entries[rel] = {"size": stat.st_size, "sha256": digests[key], "mtime": stat.st_mtime_ns}
         self.entries = entries
         atomic_write(self.out / MANIFEST, json.dumps({"files": entries}, indent=1))
 

@@ -15,7 +15,7 @@ import torch
 
 from torchboost.distributed import get_world_size, is_main as is_main_process
 from torchboost.errors import ConfigError, TrainingError
-from torchboost.fileio import remove_file, remove_stale_temps
+from torchboost.fileio import atomic_same, remove_file, remove_stale_temps
 from torchboost.train.checkpoint import (atomic_save, checkpoint_name, classifier_head, is_checkpoint_name,
                                          weights_finite)
 from torchboost.train.history import History  # re-exported: the callbacks' home for `from ... import`
@@ -138,13 +138,20 @@ class ModelCheckpoint(Callback):
             self._save_numbered(state)
 
     def on_train_epoch_end(self, state: TrainState) -> None:
-        every = self.config.save_checkpoint_epochs
-        last = state.epoch + 1 == state.epochs
-        if (every and (state.epoch + 1) % every == 0) or last or state.stop_training:
-            self._save_numbered(state)
+        # the best value first: this epoch's numbered checkpoint then records it, so a run resumed from that file
+        # compares the next epochs with this one (not the epoch before) before replacing the best checkpoint
         value = state.eval_results.get(self.best.monitor) if self.best is not None else None
-        if value is not None and self.best.update(float(value), state.epoch + 1) and is_main_process():
-            self._save(state, self.best_path, state.epoch_complete)
+        improved = value is not None and self.best.update(float(value), state.epoch + 1)
+        every = self.config.save_checkpoint_epochs
+        numbered = bool(every and (state.epoch + 1) % every == 0) or state.epoch + 1 == state.epochs \
+            or state.stop_training
+        if numbered:
+            self._save_numbered(state)
+        if improved and is_main_process():
+            if numbered:  # the same state: its file again, not a second serialization (a big network's seconds)
+                atomic_same(self.last_path, self.best_path)
+            else:
+                self._save(state, self.best_path, state.epoch_complete)
 
     def state_dict(self) -> dict:
         state: dict = {"files": [p.name for p in self.written]}
