@@ -139,8 +139,15 @@ def test_augmentation_is_identical_for_any_number_of_workers(tmp_path):
 
 
 @pytest.mark.slow
-def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path):
+def test_exported_mnist5k_folder_matches_builtin_tensors(tmp_path, monkeypatch):
+    import os
+    syncs = {"fsync": 0, "sync": 0}
+    for name, real in (("fsync", os.fsync), ("sync", os.sync)):
+        monkeypatch.setattr(os, name, lambda *a, name=name, real=real: (syncs.__setitem__(name, syncs[name] + 1),
+                                                                         real(*a))[1])
     out = export_folder("mnist5k", tmp_path / "mnist", split="test")
+    assert syncs == {"fsync": 0, "sync": 1}  # the 1,000 files reach the disk together, not one fsync each
+    assert not list(out.rglob("*.tmp"))
     data = load_builtin("mnist5k", "test")
     ds = ImageFolder(out / "test", eval_transform(28, data.mean, data.std, crop_pct=1.0, uint8=True))
     assert ds.classes == [str(c) for c in range(10)] and len(ds) == 1000

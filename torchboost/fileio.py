@@ -242,12 +242,14 @@ def _check_replaceable(path: Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, sync: bool = True) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success fsync it and os.replace it onto `path`.
 
     The temp file lives in the same folder so os.replace is a same-filesystem rename (atomic on POSIX);
     the folder is fsynced too so the rename itself survives a power cut. On any exception the temp file
     is removed and `path` is left untouched; an OSError (in the body or here) becomes `OutputError`.
+    `sync=False`: no fsyncs (still whole or absent under its name), for a writer of many files that syncs once
+    at the end (each fsync waits for the disk: ~6 ms, 40 s over mnist5k's 6,000 exported images).
     """
     path = check_inside(path)
     if not path.name or path.is_dir():
@@ -260,14 +262,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if tmp.is_symlink() or tmp.exists():  # a planted temp name: writing would go through it
             tmp.unlink()
         yield tmp
-        with open(tmp, "rb+") as f:  # fsync here so writers that open the file themselves are covered too
-            os.fsync(f.fileno())
+        if sync:
+            with open(tmp, "rb+") as f:  # fsync here so writers that open the file themselves are covered too
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        if sync:
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     except OSError as e:
         raise output_error(path, e) from e
     finally:
