@@ -17,7 +17,11 @@ from torchboost.cli import main
     (["launch", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:295000", "train"],
      "error: --rdzv-endpoint 10.0.0.1:295000 is not HOST:PORT — give one node's address"),
     (["launch", "--nnodes", "2", "--rdzv-endpoint", "nosuchhost.invalid:29500", "train", "--set", "dist.timeout_s=5",
-      "-o", "never-written"], "error: cannot reach the rendezvous at nosuchhost.invalid:29500: "),
+      "-o", "never-written"], "error: cannot reach the rendezvous at nosuchhost.invalid:29500: the host name "
+                              "'nosuchhost.invalid' does not resolve"),  # at once, not after torch's retries
+    # an address that resolves but answers nothing (or something else): torch's store client gives up
+    (["launch", "--nnodes", "2", "--rdzv-endpoint", "10.255.255.1:29500", "train", "--set", "dist.timeout_s=2",
+      "-o", "never-written"], "error: cannot reach the rendezvous at 10.255.255.1:29500: "),
 ])
 @pytest.mark.slow
 def test_launch_refuses_with_one_line(argv, message, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import signal
+import socket
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -30,6 +31,8 @@ def run_agent(command: Sequence[str], *, nnodes: str = "1", nproc_per_node: int 
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.run import get_args_parser, run
 
+    if rdzv_endpoint is not None:
+        _resolves(rdzv_endpoint)
     where = ["--standalone"] if rdzv_endpoint is None else [
         "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     args = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", *where, f"--max-restarts={max_restarts}",
@@ -50,6 +53,17 @@ def run_agent(command: Sequence[str], *, nnodes: str = "1", nproc_per_node: int 
                                "check the host name and port: every node must reach it") from None
     except ChildFailedError as e:
         raise DistributedError(*child_failure(e.failures, max_restarts, worklogs)) from None
+
+
+def _resolves(endpoint: str) -> None:
+    """A host name that does not resolve, said at once: torch's store client retries it until its timeout."""
+    host = endpoint.rsplit(":", 1)[0].strip("[]")
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as e:
+        raise DistributedError(f"cannot reach the rendezvous at {endpoint}: the host name {host!r} does not resolve "
+                               f"({getattr(e, 'strerror', None) or e})",
+                               "check the host name and port: every node must reach it") from None
 
 
 def child_failure(failures: Mapping[int, Any], max_restarts: int, worklogs: Optional[Path]) -> tuple[str, str]:
