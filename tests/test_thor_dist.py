@@ -56,11 +56,9 @@ def finish_rank(out: str, rank: int, result: dict) -> None:
 
 
 def spawn_ranks(worker, out: Path, world: int = 2) -> list[dict]:
-    """Run `worker(rank, world, port, out)` in `world` fresh processes (killed if they hang); their results. They
-    fork from a server that imported torch once (as `launch` does), not each from a new interpreter (~2 s a rank)."""
-    mp.get_context("forkserver").set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed"])
+    """Run `worker(rank, world, port, out)` in `world` spawned processes (killed if they hang); their results."""
     ctx = mp.start_processes(worker, args=(world, free_port(), str(out)), nprocs=world, join=False,
-                             start_method="forkserver")
+                             start_method="spawn")
     deadline = time.monotonic() + 120
     try:
         while not ctx.join(timeout=1):
