@@ -3,10 +3,14 @@
 # BatchNorm, batch 256, the recipe's 10,000 training images), every choice made on 10,000 other training images
 # held out (the test split's size), seeds 0-2, --full-budget, one evaluation an epoch, one process per core.
 # The racers: the four rivals users pick (SGD, AdamW, Muon, SOAP) and THOR's family with the mechanisms of items
-# 2-4 as variants, each one change from thor[damping_mode=pi] (round 1's confirmed THOR): a factor moving average,
-# decoupled weight decay, Nesterov, preconditioning the hidden layers only (input conv and classifier on their plain
-# gradient); beside them MindSpore's absolute damping (thor), scale-free trace damping and thor_soap (SOAP's Adam in
-# the eigenbasis of THOR's factors, relative epsilon). The CNN recipe builds its factors from the whole batch.
+# 2-4 as variants, each one change from thor[damping_mode=trace], whose damping is a tenth of each factor's mean
+# eigenvalue: THOR's health report on this recipe has both its sides active there (damping dominates 48-61% of A's
+# eigen-directions, 0-20% of G's), where pi damping at 0.1 (round 1's confirmed THOR) dominates all of G's and most of
+# A's, so a variant of it would race as a rescaled gradient. The variants: a factor moving average, decoupled weight
+# decay, Nesterov, SGD's step size (graft=sgd_step, lr on SGD's scale), and that graft on the hidden layer only (the
+# input conv and classifier on their plain SGD step); beside them MindSpore's absolute damping (thor), round 1's pi
+# damping, and thor_soap (SOAP's Adam in the eigenbasis of THOR's factors, relative epsilon). The CNN recipe builds
+# its factors from the whole batch.
 # Stage 1: every racer over its lr grid at 8 epochs. Stage 2: each grid whose winner sits at an edge
 # (`race.select.grid_edges`) extended by one lr. Stage 3: the four finalists (`race --finalists 4`'s rule: the best
 # THOR-family racer and the best three others, ranked on the held-out split) at every other budget from 5 to 12
@@ -18,12 +22,12 @@ S=runs
 K=benchmarks/races/fashion10k-lenet-2
 R=(.venv/bin/torchboost race -c fashion10k-lenet-thor --holdout 10000 --seeds 1 --epochs 8 --full-budget
    --evals-per-epoch 1 --threads 1 --targets 0.86 0.87 0.88 0.89)
-PI='thor[damping_mode=pi]'
-P=0.02,0.05,0.1
+TR='thor[damping_mode=trace'
+L=0.0006,0.0013,0.0026  # trace damping's lrs without a graft (round 1: 0.00128 won; above 0.02 it diverged)
 GRIDS=(sgd=0.02,0.05,0.1 adamw=0.001,0.002,0.005 muon=0.02,0.05,0.1 soap=0.005,0.01,0.02
-  thor=0.1,0.2,0.4 "$PI=$P" "thor[damping_mode=trace]=0.0006,0.0013,0.0026" "thor_soap[damping_mode=trace]=0.001,0.003,0.01"
-  "thor[damping_mode=pi,factor_decay=0.95]=$P" "thor[damping_mode=pi,decoupled_decay=true]=$P"
-  "thor[damping_mode=pi,nesterov=true]=0.01,0.02,0.05" "thor[damping_mode=pi,graft_layers=hidden]=$P")
+  thor=0.1,0.2,0.4 "thor[damping_mode=pi]=0.02,0.05,0.1" "$TR]=$L" "thor_soap[damping_mode=trace]=0.001,0.003,0.01"
+  "$TR,factor_decay=0.95]=$L" "$TR,decoupled_decay=true]=$L" "$TR,nesterov=true]=$L"
+  "$TR,graft=sgd_step]=0.02,0.05,0.1" "$TR,graft=sgd_step,graft_layers=hidden]=0.02,0.05,0.1")
 SEEDS=(0 1 2)
 gate() { while [ -e /tmp/race-pause ]; do sleep 10; done; echo "$(date -u +%H:%M) $*"; }
 unit() {  # $1 = unit name, $2 = seed, then race arguments: run unless kept, then keep its race.json
