@@ -12,7 +12,7 @@ from test_data_transforms import assert_pillow_equal, encoded, gradient, hwc
 from torchboost.data.builtin import load_builtin
 from torchboost.data.export import export_folder
 from torchboost.data.folder import ImageFolder
-from torchboost.data.sampling import SampleIndex, sample_rng
+from torchboost.data.sampling import SampleIndex, sample_rng, sample_shifts
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.data.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, rrc_params, train_transform
 from torchboost.errors import ConfigError
@@ -75,7 +75,7 @@ def test_shift_mode_resizes_whole_image_then_translates():
     moved = 0
     for index in range(12):
         i = SampleIndex(index, seed=1, epoch=0)
-        dy, dx = (int(v) for v in sample_rng(i).integers(-3, 4, size=2))
+        dy, dx = (int(v) for v in sample_shifts([i], 3)[0])
         got = t(png(arr), sample_rng(i))
         ref = shift_reference(whole, dy, dx, 0)
         diff = (got.int() - ref.int()).abs()
@@ -83,8 +83,9 @@ def test_shift_mode_resizes_whole_image_then_translates():
         moved += (dy, dx) != (0, 0)
     assert moved >= 9
     # Normalized output: the moved-in band is the normalized zero pixel.
-    x = train_transform(20, MEAN, STD, augment="shift", shift=3)(png(arr), np.random.default_rng(0))
-    dy, dx = np.random.default_rng(0).integers(-3, 4, size=2)
+    x = train_transform(20, MEAN, STD, augment="shift", shift=3)(png(arr), sample_rng(SampleIndex(5, 1, 0)))
+    dy, dx = sample_shifts([SampleIndex(5, 1, 0)], 3)[0]
+    assert (dy, dx) != (0, 0)
     band = x[:, :dy] if dy > 0 else x[:, dy:] if dy < 0 else x[:, :, :dx] if dx > 0 else x[:, :, dx:]
     torch.testing.assert_close(band, (-torch.tensor(MEAN) / torch.tensor(STD)).view(3, 1, 1).expand_as(band))
 

@@ -8,7 +8,8 @@ import torch
 
 from torchboost.data import build_loader
 from torchboost.data.builtin import _load_raw, load_builtin, stratified_split
-from torchboost.data.sampling import SampleIndex, ShardSampler, sample_rng, shuffle_seed
+from torchboost.data.sampling import (SampleIndex, ShardSampler, keyed_uniform, sample_flips, sample_rng,
+                                      sample_shifts, shuffle_seed)
 from torchboost.data.synthetic import SyntheticImages
 from torchboost.data.tensors import TensorImageDataset
 from torchboost.errors import DataError
@@ -183,7 +184,7 @@ def test_random_shift_translates_each_training_image_reproducibly():
     background = float((0 - plain.mean[0]) / plain.std[0])
     moved = 0
     for k, i in enumerate(idx):  # independent reference: torch.roll, then blank the wrapped-around band
-        dy, dx = (int(v) for v in sample_rng(i).integers(-2, 3, size=2))
+        dy, dx = (int(v) for v in sample_shifts([i], 2)[0])
         ref = torch.roll(ref_x[k], (dy, dx), dims=(1, 2))
         if dy > 0:
             ref[:, :dy] = background
@@ -197,6 +198,45 @@ def test_random_shift_translates_each_training_image_reproducibly():
         moved += (dy, dx) != (0, 0)
     assert moved > 30
     assert torch.equal(train.__getitems__(idx)[0], x)  # same (seed, epoch, index): same shift (exact resume)
+
+
+def test_keyed_draws_are_a_uniform_pure_function_of_seed_epoch_and_index():
+    idx = [SampleIndex(i, seed=3, epoch=1) for i in range(20_000)]
+    u = keyed_uniform(idx, stream=7, count=2)
+    assert u.shape == (20_000, 2) and 0 <= u.min() and u.max() < 1
+    assert np.array_equal(u, keyed_uniform(list(reversed(idx)), 7, 2)[::-1])  # a sample's draw, whatever its batch
+    for other in ([SampleIndex(i, 4, 1) for i in range(20_000)], [SampleIndex(i, 3, 2) for i in range(20_000)]):
+        assert np.mean(keyed_uniform(other, 7, 2) == u) == 0  # another seed or epoch: other draws
+    counts = np.histogram(u, bins=10, range=(0, 1))[0]  # chi-square against uniform, 9 dof: 27.9 is p = 0.001
+    assert ((counts - 4000) ** 2 / 4000).sum() < 27.9
+    assert abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.03
+    shifts = sample_shifts(idx, 2)
+    assert set(np.unique(shifts)) == {-2, -1, 0, 1, 2} and abs(shifts.mean()) < 0.05
+
+
+def test_alternating_flips_show_each_image_both_ways_every_two_epochs():
+    for epoch in range(4):
+        now = sample_flips([SampleIndex(i, 9, epoch) for i in range(4000)], "alternate")
+        after = sample_flips([SampleIndex(i, 9, epoch + 1) for i in range(4000)], "alternate")
+        assert (now != after).all() and 0.45 < now.mean() < 0.55
+    first, other_seed = (sample_flips([SampleIndex(i, s, 0) for i in range(4000)], "alternate") for s in (9, 10))
+    assert 0.45 < np.mean(first != other_seed) < 0.55
+    random = [sample_flips([SampleIndex(i, 9, e) for i in range(4000)], "random") for e in (0, 1)]
+    assert 0.45 < np.mean(random[0] != random[1]) < 0.55  # random flips: a fresh coin each epoch
+    assert not sample_flips([SampleIndex(i, 9, 0) for i in range(10)], "none").any()
+
+
+def test_flips_and_shifts_reach_an_in_memory_batch_as_drawn():
+    train, plain = load_builtin("digits", "train"), load_builtin("digits", "train")
+    train.shift, train.flip = 1, "alternate"
+    idx = [SampleIndex(i, seed=2, epoch=e) for e in (0, 1) for i in range(30)]
+    x = train.__getitems__(idx)[0]
+    ref = plain.__getitems__([int(i) for i in idx])[0]
+    background = float((0 - plain.mean[0]) / plain.std[0])
+    for k, ((dy, dx), mirrored) in enumerate(zip(sample_shifts(idx, 1), sample_flips(idx, "alternate"))):
+        padded = torch.nn.functional.pad(ref[k], (1, 1, 1, 1), value=background)  # shift first, then the mirror
+        want = padded[:, 1 - dy:1 - dy + 8, 1 - dx:1 - dx + 8]
+        torch.testing.assert_close(x[k], want.flip(-1) if mirrored else want)
 
 
 def test_synthetic_pool_over_a_quarter_of_memory_is_refused_before_allocating(monkeypatch):

@@ -1,4 +1,5 @@
-"""Flip test-time augmentation against a float64 computation by hand, through eval and an ONNX export."""
+"""Test-time augmentation (flip, flip_translate) against float64 computations by hand, through eval and an ONNX
+export."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from torchboost.models import create_model
-from torchboost.train.tta import FlipTTA, with_tta
+from torchboost.train.tta import FlipTTA, FlipTranslateTTA, with_tta
 
 
 def test_flip_tta_is_the_mean_of_the_image_and_its_mirror_in_float64():
@@ -23,8 +24,31 @@ def test_flip_tta_is_the_mean_of_the_image_and_its_mirror_in_float64():
         with_tta(net, "crop")
 
 
+def test_flip_translate_is_airbenchs_six_views_by_index_in_float64():
+    torch.manual_seed(0)
+    net = create_model("airbench", num_classes=4, in_chans=1).double().eval()
+    x = torch.randn(2, 1, 17, 19, dtype=torch.float64)
+
+    def moved(img: torch.Tensor, d: int) -> torch.Tensor:  # row r, column c of the image moved by d: x[r - d, c - d]
+        h, w = img.shape[-2:]  # reflected at the border: index -1 is 1, index h is h - 2
+        rows = torch.tensor([abs(r) if r < h else 2 * (h - 1) - r for r in range(-d, h - d)])
+        cols = torch.tensor([abs(c) if c < w else 2 * (w - 1) - c for c in range(-d, w - d)])
+        return img[..., rows[:, None], cols[None, :]]
+
+    def flip_mean(v: torch.Tensor) -> torch.Tensor:
+        return (net(v) + net(v[..., torch.arange(v.shape[-1] - 1, -1, -1)])) / 2
+
+    with torch.no_grad():
+        want = flip_mean(x) / 2 + (flip_mean(moved(x, 1)) + flip_mean(moved(x, -1))) / 4
+        got = with_tta(net, "flip_translate")(x)
+    assert isinstance(with_tta(net, "flip_translate"), FlipTranslateTTA)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert not torch.allclose(got, FlipTTA(net)(x), atol=1e-6)  # the translated views change the logits
+
+
 @pytest.mark.slow
-def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["flip", "flip_translate"])
+def test_eval_tta_reaches_validation_eval_predict_and_the_export(mode, tmp_path, capsys):
     import json
 
     from PIL import Image
@@ -36,7 +60,7 @@ def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsy
 
     out = tmp_path / "run"
     assert main(["train", "-c", "digits-lenet", "--epochs", "1", "-b", "256", "-o", str(out), "--set",
-                 "eval.tta=flip", "--set", "train.progress_bar=false"]) == 0
+                 f"eval.tta={mode}", "--set", "train.progress_bar=false"]) == 0
     ckpt = out / "ckpt" / "mnist_cnn-best.pt"
     state = torch.load(ckpt, weights_only=True)
     net = build_model(build_config(state["config"]))
@@ -45,9 +69,9 @@ def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsy
     test = load_builtin("digits", "test")
     x = (test.images.float() / 255 - torch.tensor(test.mean).view(1, -1, 1, 1)) / torch.tensor(test.std).view(1, -1, 1, 1)
     with torch.no_grad():
-        plain, flipped = net(x), net(x.flip(-1))
-    want = int(((plain + flipped) / 2).argmax(1).eq(test.labels).sum()) / len(test.labels)
-    assert want != int(plain.argmax(1).eq(test.labels).sum()) / len(test.labels)  # the flip changes the count
+        plain, averaged = net(x), with_tta(net, mode)(x)
+    want = int(averaged.argmax(1).eq(test.labels).sum()) / len(test.labels)
+    assert want != int(plain.argmax(1).eq(test.labels).sum()) / len(test.labels)  # the views change the count
     history = [json.loads(r) for r in (out / "history.jsonl").read_text().splitlines()]
     assert history[-1]["val_top_1_accuracy"] == pytest.approx(want, abs=1e-12)
     capsys.readouterr()
@@ -62,7 +86,7 @@ def test_eval_tta_reaches_validation_eval_predict_and_the_export(tmp_path, capsy
         capsys.readouterr()
         assert main(["predict", "--checkpoint", str(source), str(png), "--format", "json", "--topk", "10"]) == 0
         probs[source] = {t["class"]: t["probability"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
-    p = torch.softmax((plain[0] + flipped[0]) / 2, 0)
+    p = torch.softmax(averaged[0], 0)
     for k in range(10):
         assert probs[ckpt][str(k)] == pytest.approx(float(p[k]), abs=1e-5)
         assert probs[onnx][str(k)] == pytest.approx(probs[ckpt][str(k)], abs=1e-4)

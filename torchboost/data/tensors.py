@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from torchboost.data.sampling import sample_rng
-from torchboost.data.transforms import norm_coeffs, translate
+from torchboost.data.sampling import sample_flips, sample_shifts
+from torchboost.data.transforms import norm_coeffs
 from torchboost.errors import DataError
 
 
@@ -25,7 +25,8 @@ class TensorImageDataset(Dataset):
     batched = True  # __getitems__ returns an already collated batch
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str],
-                 mean: Sequence[float], std: Sequence[float], uint8: bool = False, shift: int = 0) -> None:
+                 mean: Sequence[float], std: Sequence[float], uint8: bool = False, shift: int = 0,
+                 flip: str = "none") -> None:
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise DataError(f"images must be a uint8 N×C×H×W tensor, got {images.dtype} {tuple(images.shape)}",
                             "convert the images to uint8 0..255 with a channel axis")
@@ -39,6 +40,7 @@ class TensorImageDataset(Dataset):
         # shift > 0: translate each image by its own random (dy, dx) in [-shift, shift], filling with 0 (the
         # background of MNIST-like sets): the augmentation small sets need (mnist5k's 4,000 images overfit).
         self.shift = shift
+        self.flip = flip  # none, random or alternate (`sampling.sample_flips`): left-right mirrors of training images
         self.set_stats(mean, std)
 
     def set_stats(self, mean: Sequence[float], std: Sequence[float]) -> None:
@@ -60,22 +62,15 @@ class TensorImageDataset(Dataset):
         # region waits for a free core: on a busy machine each op then costs a scheduling wait, not compute.
         x = self.images.numpy()[image_rows]
         if self.shift:
-            x = self._translate(x, indices)
+            x = translate_each(x, sample_shifts(indices, self.shift))
+        if self.flip != "none":
+            mirrored = sample_flips(indices, self.flip)
+            x[mirrored] = x[mirrored][..., ::-1]
         if not self.uint8:
             x = x.astype(np.float32)
             x *= self._scale.numpy()
             x -= self._shift.numpy()
         return torch.from_numpy(x), torch.from_numpy(self.labels.numpy()[label_rows])
-
-    def _translate(self, x: np.ndarray, indices: Sequence[int]) -> np.ndarray:
-        """Shift each image by (dy, dx) drawn from its sample's stream (seeded by seed, epoch and index under
-        ShardSampler, so a resumed run sees the same shifts); pixels moved in are 0."""
-        s = self.shift
-        out = np.empty_like(x)
-        for i, index in enumerate(indices):
-            dy, dx = sample_rng(index).integers(-s, s + 1, size=2)
-            out[i] = translate(x[i], int(dy), int(dx), axes=(1, 2))
-        return out
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x, y = self.__getitems__([index])
@@ -84,6 +79,21 @@ class TensorImageDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.asarray(indices, dtype=np.int64)
         return self._batch(rows, rows, indices)
+
+
+def translate_each(x: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Image i of the N×C×H×W batch `x` moved by shifts[i] = (dy, dx) (down, right), zeros moving in: what
+    `transforms.translate` does to one image, done once per distinct shift (at most (2s+1)² slices a batch)."""
+    n, _, h, w = x.shape
+    s = int(np.abs(shifts).max(initial=0))
+    padded = np.zeros((n, x.shape[1], h + 2 * s, w + 2 * s), x.dtype)
+    padded[:, :, s:s + h, s:s + w] = x
+    out = np.empty_like(x)
+    pairs, which = np.unique(shifts, axis=0, return_inverse=True)
+    for k, (dy, dx) in enumerate(pairs):
+        rows = np.flatnonzero(which.ravel() == k)
+        out[rows] = padded[rows, :, s - dy:s - dy + h, s - dx:s - dx + w]
+    return out
 
 
 def passthrough_collate(batch):

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from torchboost.data.augment import POLICIES, Policy, RandomErasing
+from torchboost.data.sampling import index_of, sample_shifts
 from torchboost.errors import ConfigError, suggest
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -276,8 +277,8 @@ class FlipTransform(EvalTransform):
 class ShiftTransform(ImageTransform):
     """The evaluation geometry at crop_pct 1 (shorter side resized to size, centre crop: a square image
     whole), translated by (dy, dx) drawn uniformly from [-shift, shift]² (zeros move in: the background of
-    MNIST-like images), normalize. The same draw from the same stream as `TensorImageDataset(shift=...)`, so
-    a folder of exported digits is augmented identically; at shift 0 it is EvalTransform(size, crop_pct=1)."""
+    MNIST-like images), normalize. The same draw as `TensorImageDataset(shift=...)` (`sampling.sample_shifts`),
+    so a folder of exported digits is augmented identically; at shift 0 it is EvalTransform(size, crop_pct=1)."""
 
     def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], shift: int,
                  uint8: bool = False) -> None:
@@ -290,7 +291,7 @@ class ShiftTransform(ImageTransform):
 
     def __call__(self, img: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = np.random.default_rng() if rng is None else rng
-        dy, dx = rng.integers(-self.shift, self.shift + 1, size=2)
+        dy, dx = sample_shifts([index_of(rng)], self.shift)[0]
         return self.finish(translate(self.whole.crop(img), int(dy), int(dx)), rng)
 
 

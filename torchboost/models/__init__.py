@@ -1,5 +1,5 @@
 """Model zoo: ResNet v1.5 family, MobileNetV3, EfficientNet-B0, ConvNeXt-Tiny and RegNet (torchvision's
-layouts), CIFAR-style ResNet-20/32/44/56 and the PaddlePaddle MNIST CNN."""
+layouts), CIFAR-style ResNet-20/32/44/56, the PaddlePaddle MNIST CNN and airbench's speedrun network."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from torchboost.errors import ConfigError
+from torchboost.models.airbench import ARCHS as AIRBENCH, SMALLEST as AIRBENCH_SMALLEST, AirbenchNet
 from torchboost.models.cifar_resnet import CIFAR_ARCHS, CifarResNet, cifar_resnet
 from torchboost.models.convnext import ARCHS as CONVNEXT, ConvNeXt
 from torchboost.models.efficientnet import ARCHS as EFFICIENTNET, EfficientNet
@@ -18,20 +19,23 @@ from torchboost.models.resnet import ARCHS, BasicBlock, Bottleneck, ResNet, resn
 # torchvision-layout networks built by name: class per family (their only options: classes and channels)
 TORCHVISION = {**{n: MobileNetV3 for n in MOBILENET}, **{n: EfficientNet for n in EFFICIENTNET},
                **{n: ConvNeXt for n in CONVNEXT}, **{n: RegNet for n in REGNET}}
+NAMED = {**TORCHVISION, **{n: AirbenchNet for n in AIRBENCH}}  # built from their name alone
 
 __all__ = ["create_model", "list_models", "training_bytes", "has_batchnorm", "smallest_input", "ResNet", "BasicBlock",
-           "Bottleneck", "MnistCNN", "CifarResNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
+           "Bottleneck", "MnistCNN", "CifarResNet", "AirbenchNet", "MobileNetV3", "EfficientNet", "ConvNeXt", "RegNet"]
 
 
 def list_models() -> list[str]:
     """Names accepted by `create_model`."""
-    return [*ARCHS, *CIFAR_ARCHS, *TORCHVISION, "mnist_cnn"]
+    return [*ARCHS, *CIFAR_ARCHS, *TORCHVISION, "mnist_cnn", *AIRBENCH]
 
 
 NO_BATCHNORM = ("mnist_cnn", "convnext_tiny")  # LayerNorm or no normalisation (tests/test_zoo_generator.py checks)
 
 
-SMALLEST_INPUT = {"convnext_tiny": 32}  # px: its 4x4/4 stem and three 2x2/2 downsamplings, unpadded, leave 1 px at 32
+# px: ConvNeXt's 4x4/4 stem and three 2x2/2 downsamplings, unpadded, leave 1 px at 32; airbench's 2x2 stem and three
+# max-pools leave 1 px at 16
+SMALLEST_INPUT = {"convnext_tiny": 32, **{n: AIRBENCH_SMALLEST for n in AIRBENCH}}
 
 
 def smallest_input(name: str) -> int:
@@ -55,7 +59,7 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
         allowed = {"zero_init_last_bn", "init", "small_input", "padding"}
     elif name == "mnist_cnn":
         allowed = {"image_size", "init"}
-    elif name in TORCHVISION:
+    elif name in NAMED:
         allowed = set()
     else:
         raise ConfigError(f"unknown model {name!r}", f"use one of {', '.join(list_models())}")
@@ -67,8 +71,8 @@ def create_model(name: str, num_classes: int = 1000, in_chans: int = 3, **kw) ->
         return MnistCNN(num_classes, in_chans, **kw)
     if name in CIFAR_ARCHS:
         return cifar_resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
-    if name in TORCHVISION:
-        return TORCHVISION[name](name, num_classes=num_classes, in_chans=in_chans)
+    if name in NAMED:
+        return NAMED[name](name, num_classes=num_classes, in_chans=in_chans)
     return resnet(name, num_classes=num_classes, in_chans=in_chans, **kw)
 
 

@@ -269,8 +269,8 @@ def _lane(cfg: Config, racer: Racer, lr: float, seed: int, train_ds: Dataset, de
     if racer.hold_lr:  # the recipe's warm-up, then its peak lr to the end (cosine from the peak to the peak)
         cfg = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, mode="cosine", lr_end=cfg.optim.lr))
     seed_everything(seed)  # the same initial weights for every racer and lr of this seed
-    model = build_model(cfg).to(device)
     loader = build_loader(train_ds, cfg.data.batch_size, True, seed=seed)
+    model = build_model(cfg, loader).to(device)
     steps = len(loader)
     schedule = build_schedule(relative_schedule(cfg, lr), lr, steps)
     opt = racer.build(model, lr, steps, cfg.train.epochs)

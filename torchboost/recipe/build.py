@@ -7,15 +7,18 @@ never changes it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
 from torchboost.data.synthetic import MEMORY_SHARE, physical_memory
+from torchboost.data.transforms import normalize_batch
 from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, training_bytes
+from torchboost.models.airbench import init_whitening, whitening_stem
 from torchboost.optim import build_lr_schedule, get_thor_lr
 from torchboost.optim.averaging import averaged
 from torchboost.optim.groups import scale_lr_of
@@ -28,9 +31,10 @@ from torchboost.train.ema import ModelEMA
 from torchboost.train.loss_scale import FixedGradScaler
 
 
-def build_model(cfg: Config) -> nn.Module:
-    """The network; one whose training state could not fit in memory is refused before allocating it
-    (the MNIST CNN's classifier grows with the image size: 2048 px would need a 20 GB Linear)."""
+def build_model(cfg: Config, train_loader: Iterable = ()) -> nn.Module:
+    """The network, its whitening stem (airbench's) set from `train_loader`'s first images (`whiten_from_data`);
+    one whose training state could not fit in memory is refused before allocating it (the MNIST CNN's classifier
+    grows with the image size: 2048 px would need a 20 GB Linear)."""
     m = cfg.model
     kw: dict = {} if m.init is None else {"init": m.init}
     if m.name.startswith("resnet"):
@@ -42,7 +46,33 @@ def build_model(cfg: Config) -> nn.Module:
         raise ConfigError(f"{m.name} at data.image_size={cfg.data.image_size} with {m.num_classes} classes needs "
                           f"{need / 2**30:.1f} GiB to train, over {MEMORY_SHARE:.0%} of this machine's memory",
                           "lower data.image_size (or use a ResNet, whose size does not grow with the image)")
-    return create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
+    net = create_model(m.name, num_classes=m.num_classes, in_chans=m.in_chans, **kw)
+    whiten_from_data(cfg, net, train_loader)
+    return net
+
+
+def whiten_from_data(cfg: Config, net: nn.Module, train_loader: Iterable) -> int:
+    """Set the network's patch-whitening stem (`models.airbench`) from the first `model.whiten_images` training
+    images the loader gives, normalised as the step normalises them; how many it used (0: the network has no
+    stem, or no loader was given: a network whose weights are loaded next). Under DDP each process sets its own
+    and DDP's start gives every process rank 0's."""
+    stem = whitening_stem(net)
+    if stem is None:
+        return 0
+    images, seen = [], 0
+    for batch in train_loader:
+        x = batch[0]
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(f"{cfg.model.name}'s whitening stem is set from training batches, which "
+                              "data.decode=device makes on the GPU during the step", "set data.decode=cpu")
+        x = normalize_batch(x, cfg.data.mean, cfg.data.std) if not x.is_floating_point() else x.float()
+        images.append(x[:cfg.model.whiten_images - seen].cpu())
+        seen += len(images[-1])
+        if seen >= cfg.model.whiten_images:
+            break
+    if seen:
+        init_whitening(stem, torch.cat(images).to(stem.weight.device))
+    return seen
 
 
 def build_loss(cfg: Config) -> nn.Module:
@@ -90,11 +120,19 @@ def optimizer_args(cfg: Config, lr: float, steps_per_epoch: int) -> OptimizerArg
 
 def optimizer_from_config(cfg: Config, model: nn.Module, lr: float, steps_per_epoch: int = 1) -> torch.optim.Optimizer:
     """`optim.name`'s registry entry built for `model` (`torchboost.optim.registry.build_optimizer`), the
-    classifier head at `optim.head_lr_mult` times the lr, inside `train.average`'s averaging (`optim.averaging`)."""
+    classifier head at `optim.head_lr_mult` times the lr, BatchNorm's shifts at `optim.bn_bias_lr_mult` times it
+    and its scales frozen with `optim.freeze_bn_scale` (which sets their requires_grad: call it before DDP wraps
+    the model), inside `train.average`'s averaging (`optim.averaging`)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.affine]
+    if cfg.optim.freeze_bn_scale:  # before the groups are built: a frozen scale is in none of them
+        for m in norms:
+            m.weight.requires_grad_(False)
     optimizer = build_optimizer(cfg.optim.name, model, optimizer_args(cfg, lr, steps_per_epoch))
     if cfg.optim.head_lr_mult != 1:
         named = dict(model.named_parameters())
         scale_lr_of(optimizer, [named[n] for n in classifier_head(model)], cfg.optim.head_lr_mult, "classifier head")
+    if cfg.optim.bn_bias_lr_mult != 1:
+        scale_lr_of(optimizer, [m.bias for m in norms], cfg.optim.bn_bias_lr_mult, "BatchNorm shifts")
     if cfg.optim.weight_norm == "pin":
         pin_weight_norms(model, optimizer)
     t = cfg.train

@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from torchboost.data.sampling import FLIPS
 from torchboost.deploy.metadata import MAX_INPUT, MEAN_RANGE, STD_RANGE
 from torchboost.errors import ConfigError, suggest
 from torchboost.models import list_models
@@ -52,6 +53,9 @@ class ModelConfig:
     small_input: Optional[bool] = option(None, help="ResNets: 3x3 stride-1 stem without max-pool for 8-64 px "
                                                     "images; unset: on for images <= 64 px")
     channels_last: bool = option(False, help="NHWC memory layout (faster convolutions on some CPUs and GPUs)")
+    whiten_images: int = option(5000, ge=1, le=10_000_000, help="networks with a patch-whitening stem (airbench): "
+                                                              "the training images (the first batches, as training "
+                                                              "sees them) whose patch covariance sets it")
 
 
 @dataclass
@@ -59,6 +63,9 @@ class DataConfig:
     dataset: str = option(DEFAULT_KIND, choices=list_kinds,
                           help="data-set kind: an image folder, tar shards or a built-in set")
     path: Optional[str] = option(None, help="the data's folder: train/<class>/ and val/<class>/ (or test/) inside")
+    holdout: int = option(0, ge=0, le=2**31 - 1, help="train: evaluate on this many training images held out "
+                                                     "(stratified, unaugmented; training uses the rest), never "
+                                                     "reading the test split: where a recipe's choices are made")
     train_subset: Optional[int] = option(None, ge=1, le=2**31 - 1, help="train on this many images of the training "
                                          "split, stratified by class (the same number per class on a balanced set), "
                                          "drawn by a fixed seed that no run's seed changes; unset: all of them")
@@ -98,6 +105,11 @@ class DataConfig:
                                     help="augment=imagenet: [min, max] share of the image each crop covers")
     random_shift: int = option(0, ge=0, le=64, help="augment=shift: largest translation in pixels (below half "
                                                     "the image)")
+    flip: str = option("none", choices=FLIPS, help="in-memory sets: left-right mirrors of training images (with "
+                                                    "or without random_shift): random = a coin per image and epoch; "
+                                                    "alternate = airbench's, a coin per image the first epoch, the "
+                                                    "opposite every other epoch (each image seen both ways every two "
+                                                    "epochs); folders flip with augment=flip or imagenet")
     auto_augment: str = option("none", choices=("none", "randaugment", "trivialaugment"),
                                help="photo policy on each training crop, torchvision's: randaugment = randaugment_ops "
                                     "ops at randaugment_magnitude; trivialaugment = TrivialAugmentWide (one op, random "
@@ -139,6 +151,10 @@ class OptimConfig:
     decay_bn_and_bias: bool = option(False, help="also decay BatchNorm scales/shifts and biases")
     head_lr_mult: float = option(1.0, gt=0, le=1e6, help="the classifier head's lr = this x the lr (fine-tuning a "
                                                          "fresh head: e.g. 10), through every schedule")
+    freeze_bn_scale: bool = option(False, help="BatchNorm scales stay at their initial value (1), untrained "
+                                               "(airbench's): the next conv's weights carry the scale")
+    bn_bias_lr_mult: float = option(1.0, gt=0, le=1e6, help="BatchNorm shifts' lr = this x the lr, through every "
+                                                          "schedule (airbench trains them at 64x, its bias_scaler)")
     weight_decay_groups: dict = option(factory=dict, help="per-layer decay: {\"layer4.*\": 1e-4, \"fc.*\": 0.0} "
                                                           "(patterns on parameter names, first match wins)")
     weight_norm: str = option("none", choices=("none", "pin"),
@@ -301,10 +317,11 @@ class DistSection:
 
 @dataclass
 class EvalSection:
-    tta: str = option("none", choices=TTA_MODES, help="test-time augmentation of every evaluation of the "
-                                                             "run (validation, test at the end, eval, predict, "
-                                                             "export): flip = logits averaged with the mirrored "
-                                                             "image's")
+    tta: str = option("none", choices=TTA_MODES, help="test-time augmentation of every evaluation of the run "
+                                                       "(validation, test at the end, eval, predict, export): flip = "
+                                                       "logits averaged with the mirrored image's; flip_translate = "
+                                                       "airbench's six views, the flip average of the image and of "
+                                                       "it moved 1 px up-left and down-right")
 
 
 @dataclass

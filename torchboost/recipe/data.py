@@ -250,6 +250,7 @@ def build_dataset(cfg: DataConfig, split: str, num_classes: int | None = None, m
     _check_tensor_set(cfg, ds)
     ds.uint8 = uint8
     ds.shift = cfg.random_shift if augment else 0
+    ds.flip = cfg.flip if augment else "none"
     return ds
 
 
@@ -277,6 +278,8 @@ def split_source(cfg: DataConfig, split: str, exact: bool = False) -> str:
     """What `build_dataset(cfg, split, exact=exact)` reads, for people: a folder's split folder, else the data
     set and the split's name."""
     kind = get_kind(cfg.dataset)
+    if split != "train" and cfg.holdout and not exact:  # `train` with data.holdout evaluates on held-out images
+        return f"{cfg.holdout} images held out of {split_source(cfg, 'train')}"
     if kind.folder:
         return f"{_split_dir(Path(cfg.path), split, exact)} ({cfg.dataset})"
     name = _kind_split(cfg, split, exact) if kind.decoded else split
@@ -350,8 +353,10 @@ def load_data(cfg: Config, log: Callable[[str], None] = print, holdout: int = 0,
         raise ConfigError(f"a validation split cannot be carved from streamed {d.dataset} data",
                           "select on a folder or an in-memory set, or export a validation split as shards")
     train_ds = build_dataset(d, "train", cfg.model.num_classes, cfg.model.name)
-    eval_ds = build_dataset(d, exact_split or "test", cfg.model.num_classes, exact=exact_split is not None)
-    if kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):
+    # a holdout evaluates on training images: the evaluation split is not even read
+    eval_ds = None if holdout else build_dataset(d, exact_split or "test", cfg.model.num_classes,
+                                                 exact=exact_split is not None)
+    if eval_ds is not None and kind.own_labels and list(eval_ds.classes) != list(train_ds.classes):
         missing = sorted(set(train_ds.classes) - set(eval_ds.classes))
         extra = sorted(set(eval_ds.classes) - set(train_ds.classes))
         raise DataError("the evaluation split's classes differ from the training split's (" + "; ".join(

@@ -33,6 +33,10 @@ class FinalTest(Callback):
                      f"torchboost eval --checkpoint {self.ckpt_cb.best_path} --split test")
             return
         d, k = self.cfg.data, self.cfg.model.num_classes
+        if d.holdout:  # a run that makes choices reads no split but its held-out training images
+            self.log(f"note: data.holdout={d.holdout}: the held-out images were evaluated each epoch and no other split "
+                     "is read (the test split stays unseen)")
+            return
         test = has_test_split(d)
         split = "test" if test else eval_split_name(d)
         ds = build_dataset(d, "test", k, exact=test)

@@ -36,8 +36,8 @@ def lr_find(cfg: Config, train_ds: Dataset, names: Iterable[str], start: float =
     for name in names:
         run = with_optimizer(cfg, name)
         seed_everything(cfg.train.seed)
-        model = build_model(run).to(device)
         loader = build_loader(train_ds, run.data.batch_size, True, seed=cfg.train.seed)
+        model = build_model(run, loader).to(device)
         optimizer = optimizer_from_config(run, model, float(lrs[0]), len(loader))
         step = TrainStep(model, build_loss(run), optimizer, input_norm=norm, device=device)
         results[name] = find_lr(step, loader, lrs)

@@ -42,6 +42,7 @@ FOLDER_DEFAULTS: dict[str, tuple[str, ...]] = {
     "mobilenet_v3_small": (PRECISE_BN,), "mobilenet_v3_large": (PRECISE_BN,),
     **{name: (PRECISE_BN, *ADAMW) for name in ("efficientnet_b0", "regnet_y_400mf", "regnet_x_400mf")},
     "convnext_tiny": (*ADAMW, "schedule.lr_init=0.0001"), "mnist_cnn": ("data.batch_size=64",),
+    "airbench": (PRECISE_BN,), "airbench_wide": (PRECISE_BN,),
 }
 _STATS = "BatchNorm's running statistics trail a short run's weights: validation near chance while training learned"
 _ADAMW = ("with SGD (lr 0.01) shapes alone stayed near chance in 3 epochs even at 25 updates an epoch (RegNetY 0.31, "
@@ -62,6 +63,7 @@ WHY: dict[str, str] = {
        "0.79 against 0.38)" for name in ("efficientnet_b0", "regnet_y_400mf", "regnet_x_400mf")},
     "convnext_tiny": "LayerNorm, no running statistics; at lr 0.05 training diverged (loss 16 for 4 classes), and "
                      + _ADAMW + ", its ramp from a tenth of the lr as in ConvNeXt's recipe",
+    "airbench": _STATS, "airbench_wide": _STATS,
     "mnist_cnn": "the default recipe's own network, no BatchNorm: it keeps the recipe's batch, at whose lr 0.05 a "
                  "folder's batch of 8 diverged on colours (training top-1 0.49, then 0.21)",
 }

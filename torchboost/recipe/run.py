@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -123,7 +123,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
     if cfg.train.threads is not None:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
-    data_cfg, train_ds, eval_ds = load_data(cfg)
+    data_cfg, train_ds, eval_ds = load_data(cfg, holdout=cfg.data.holdout)
     plan = boost_plan(cfg, info.world_size)
     share = train_ds.share(info.world_size) if hasattr(train_ds, "share") else None  # shards: whole shards per rank
     run_cfg, batch_note = fit_batch(resolve_config(cfg, data_cfg, train_ds, plan), len(train_ds), info.world_size, share)
@@ -157,7 +157,7 @@ def _train(cfg: Config, info: dist.DistInfo, out: Path, resume: Optional[str], o
         check_epochs_left(ckpt, resume, run_cfg.train.epochs)
     with output_claimed(out, resume, overwrite, info, run_cfg.checkpoint.prefix), compiler_cache():
         before, previous = snapshot(out), read_manifest(out) if resume else {}
-        net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log)
+        net, hooks = build_network(run_cfg, plan, device, steps_per_epoch, info, log, train_loader)
         model, lr = build_trainer(run_cfg, plan, net, hooks, device, steps_per_epoch, info)
         model.extra_state = {"config": run_cfg.to_dict(), "classes": list(train_ds.classes),
                              "world_size": info.world_size}
@@ -272,9 +272,10 @@ def check_stem(cfg: Config, state: dict, own: dict) -> None:
 
 
 def build_network(cfg: Config, plan: BoostPlan | None, device: torch.device, steps_per_epoch: int,
-                  info: dist.DistInfo, log: Log) -> tuple[nn.Module, list]:
-    """The model on its device, with init_weights loaded and boost's structural changes and hooks."""
-    net = build_model(cfg).to(device)
+                  info: dist.DistInfo, log: Log, train_loader: Iterable = ()) -> tuple[nn.Module, list]:
+    """The model on its device, its whitening stem set from `train_loader`'s first images, with init_weights
+    loaded and boost's structural changes and hooks."""
+    net = build_model(cfg, train_loader).to(device)
     if cfg.train.init_weights:
         # any registered weight format; MindSpore/Paddle names are mapped to the network's (names only: a
         # head for another class count is left to load_backbone)

@@ -21,6 +21,7 @@ from pathlib import Path
 from torchboost.boost import resolve_boost
 from torchboost.data.device_decode import nvjpeg
 from torchboost.errors import ConfigError
+from torchboost.models import has_batchnorm
 from torchboost.optim.registry import OPTIMIZERS, check_installed, get_optimizer
 from torchboost.options import check_rules, check_type, leaf_fields
 from torchboost.recipe.config import Config, DataConfig
@@ -96,6 +97,9 @@ def _check_data(cfg: Config) -> None:
     if d.random_shift and d.augment not in ("auto", "shift"):
         raise ConfigError(f"data.random_shift={d.random_shift} but data.augment={d.augment}",
                           "set data.augment=shift (or auto), or data.random_shift=0")
+    if d.flip != "none" and not kind.in_memory:
+        raise ConfigError(f"data.flip={d.flip} applies to in-memory sets, not data.dataset={d.dataset}",
+                          "flip a folder's or shards' images with data.augment=flip (or imagenet), or set data.flip=none")
     if d.augment == "shift" and not d.random_shift:
         raise ConfigError("data.augment=shift needs data.random_shift > 0", "e.g. --set data.random_shift=2")
     if d.random_shift and not kind.shift:
@@ -177,6 +181,10 @@ def _check_model(cfg: Config) -> None:
     if not resnet and (m.padding != "torch" or m.zero_init_last_bn or m.small_input):
         raise ConfigError(f"model.padding / zero_init_last_bn / small_input apply to ResNets, not {m.name}",
                           f"leave them at their defaults for {m.name}")
+    bn_keys = [k for k, off in (("freeze_bn_scale", False), ("bn_bias_lr_mult", 1.0)) if getattr(cfg.optim, k) != off]
+    if bn_keys and not has_batchnorm(m.name):
+        raise ConfigError(f"optim.{bn_keys[0]} is set but {m.name} has no BatchNorm",
+                          f"drop optim.{bn_keys[0]}, or choose a network with BatchNorm")
 
 
 def _check_optim(cfg: Config) -> None:

@@ -1,0 +1,81 @@
+"""airbench's network (Keller Jordan's CIFAR-10 speedrun, github.com/KellerJordan/cifar10-airbench) for small images.
+
+A 2x2 patch-whitening stem (`whiten`: 2·C·4 channels, unpadded, its weights set from the training images by
+`init_whitening` and never trained), GELU, then three blocks of conv 3x3 -> max-pool 2 -> BatchNorm -> GELU
+(pooling before the normalisation and activation does them on a quarter of the pixels: on a CPU, where those
+memory-bound passes cost as much as the convolutions, that is most of the saving), a global max-pool and a
+bias-free linear classifier (airbench's 1/9 logit scale is left out: under a mean loss at SGD's usual lrs it
+slowed learning, 79% held-out top-1 after 2 epochs against 88% without). `convs` = 2 adds a second conv ->
+BatchNorm -> GELU to each block, as airbench94 has. Widths: airbench94's 64/256/256 are sized for a GPU;
+`airbench` (32/64/128, one conv a block) and `airbench_wide` (64/128/256) are sized for a CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from torchboost.errors import ConfigError
+
+ARCHS = {"airbench": ((32, 64, 128), 1), "airbench_wide": ((64, 128, 256), 1)}
+WHITEN_KERNEL = 2
+
+
+def _block(cin: int, cout: int, convs: int) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.MaxPool2d(2),
+                               nn.BatchNorm2d(cout), nn.GELU()]
+    for _ in range(convs - 1):
+        layers += [nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU()]
+    return nn.Sequential(*layers)
+
+
+class AirbenchNet(nn.Module):
+    """See the module docstring. Images of at least 16 px: the stem and three halvings leave one pixel at 16."""
+
+    def __init__(self, name: str = "airbench", num_classes: int = 10, in_chans: int = 3) -> None:
+        super().__init__()
+        widths, convs = ARCHS[name]
+        stem = 2 * in_chans * WHITEN_KERNEL ** 2
+        self.whiten = nn.Conv2d(in_chans, stem, WHITEN_KERNEL, bias=True)
+        self.whiten.weight.requires_grad_(False)  # set from the data (`init_whitening`), then fixed
+        self.act = nn.GELU()
+        self.layers = nn.Sequential(*(_block(cin, cout, convs) for cin, cout in zip((stem, *widths), widths)))
+        self.pool = nn.AdaptiveMaxPool2d(1)
+        self.fc = nn.Linear(widths[-1], num_classes, bias=False)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d) and m is not self.whiten:
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")  # GELU's gain is ReLU's to within 1%
+        nn.init.zeros_(self.whiten.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.layers(self.act(self.whiten(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+SMALLEST = 16  # px: the 2x2 stem leaves 15, three halvings 1
+
+
+@torch.no_grad()
+def init_whitening(conv: nn.Conv2d, images: Tensor, eps: float = 5e-4) -> None:
+    """Set `conv` (C -> 2·C·k², k×k, unpadded) to whiten the k×k patches of `images` (N×C×H×W, normalised as
+    training sees them): its filters are the patch covariance's eigenvectors divided by the square roots of
+    their eigenvalues (+ eps), and their negations, so the GELU after it passes both signs. airbench's
+    `init_whitening_conv`, computed in float64."""
+    c, k = conv.in_channels, conv.kernel_size[0]
+    if conv.out_channels != 2 * c * k * k or conv.kernel_size != (k, k):
+        raise ConfigError(f"a whitening conv needs {2 * c * k * k} {k}x{k} filters, this one has {conv.out_channels}",
+                          "build the network's whitening stem with 2·C·k² output channels")
+    if images.ndim != 4 or images.shape[1] != c or min(images.shape[-2:]) < k or not len(images):
+        raise ConfigError(f"whitening needs N×{c}×H×W images of at least {k} px, got {tuple(images.shape)}",
+                          "give it a batch of training images")
+    patches = nn.functional.unfold(images.double(), k).transpose(1, 2).reshape(-1, c * k * k)
+    patches = patches - patches.mean(0)
+    eigenvalues, eigenvectors = torch.linalg.eigh(patches.T @ patches / len(patches))
+    filters = (eigenvectors.T / (eigenvalues.clamp_min(0) + eps).sqrt()[:, None]).reshape(c * k * k, c, k, k)
+    conv.weight.copy_(torch.cat([filters, -filters]).to(conv.weight.dtype))
+
+
+def whitening_stem(model: nn.Module) -> nn.Conv2d | None:
+    """The network's patch-whitening stem, if it has one."""
+    stem = getattr(model, "whiten", None)
+    return stem if isinstance(stem, nn.Conv2d) else None
