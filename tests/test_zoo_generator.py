@@ -50,7 +50,8 @@ FORMATS = ("m.onnx", "m.pt2", "m.ts")
 # sibling -> its family's first member, whose blocks it stacks deeper or wider: ONNX only (the archives and the logits
 # comparison run on the first member)
 SIBLINGS = {"resnet32": "resnet20", "resnet44": "resnet20", "resnet56": "resnet20", "resnet34": "resnet18",
-            "resnet101": "resnet50", "resnet152": "resnet50", "mobilenet_v3_large": "mobilenet_v3_small"}
+            "resnet101": "resnet50", "resnet152": "resnet50", "mobilenet_v3_large": "mobilenet_v3_small",
+            "airbench_wide": "airbench"}
 TOL = 1e-4  # probabilities: the exports run the checkpoint's network on the same preprocessed images
 LOGITS_TOL = 1e-4  # ONNX Runtime against torch, relative to the largest logit (seen: at most 1e-5)
 

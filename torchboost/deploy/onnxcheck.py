@@ -18,7 +18,8 @@ model is refused unless
 
 The allow-list, `ALLOWED_OPS`: what torch's exporter (`deploy/export.py`, its default `optimize=True`) emits for
 every network of the zoo at input sizes whose feature maps end at 1×1 and larger (`ZOO_OPS`, listed by exporting
-each, and checked so by tests/test_zoo_generator.py; BatchNorm is folded into Conv; ConvNeXt's pooling of a map
+each, and checked so by tests/test_zoo_generator.py; BatchNorm is folded into Conv, except airbench's, which
+follows a max-pool; its global max-pool is a ReduceMax; ConvNeXt's pooling of a map
 larger than 1×1 reads the batch size through Shape, Range and Gather), what the same networks give unoptimised or
 from the older TorchScript exporter (`EXPORTER_OPS`), and a few elementwise and shape ops common in image
 classifiers (`COMMON_OPS`). None of them loops or reads anything but its inputs. What one of them can still ask
@@ -33,11 +34,10 @@ from typing import Any
 
 from torchboost.errors import CheckpointError
 
-ZOO_OPS = frozenset({"Add", "Conv", "Gather", "Gelu", "Gemm", "HardSigmoid", "HardSwish", "LayerNormalization",
-                     "MatMul", "MaxPool", "Mul", "Pad", "Range", "ReduceMean", "Relu", "Reshape", "Shape", "Sigmoid",
-                     "Slice", "Squeeze", "Transpose", "Unsqueeze"})
-EXPORTER_OPS = frozenset({"AveragePool", "BatchNormalization", "Constant", "Flatten", "GlobalAveragePool",
-                          "Identity"})
+ZOO_OPS = frozenset({"Add", "BatchNormalization", "Conv", "Gather", "Gelu", "Gemm", "HardSigmoid", "HardSwish",
+                     "LayerNormalization", "MatMul", "MaxPool", "Mul", "Pad", "Range", "ReduceMax", "ReduceMean",
+                     "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Squeeze", "Transpose", "Unsqueeze"})
+EXPORTER_OPS = frozenset({"AveragePool", "Constant", "Flatten", "GlobalAveragePool", "Identity"})
 COMMON_OPS = frozenset({"Clip", "Concat", "Div", "Erf", "GlobalMaxPool", "LeakyRelu", "Softmax", "Sqrt", "Sub",
                         "Tanh"})
 ALLOWED_OPS = ZOO_OPS | EXPORTER_OPS | COMMON_OPS

@@ -19,13 +19,17 @@ from torchboost.errors import ConfigError
 
 ARCHS = {"airbench": ((32, 64, 128), 1), "airbench_wide": ((64, 128, 256), 1)}
 WHITEN_KERNEL = 2
+# airbench's BatchNorm momentum 0.6 in its convention, 0.4 in torch's: the running statistics follow a run of a few
+# hundred updates (at torch's 0.1 they trailed: 91.5% held-out top-1 after 7 of 8 epochs against 92.3%)
+BN_MOMENTUM = 0.4
 
 
 def _block(cin: int, cout: int, convs: int) -> nn.Sequential:
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.MaxPool2d(2),
-                               nn.BatchNorm2d(cout), nn.GELU()]
+                               nn.BatchNorm2d(cout, momentum=BN_MOMENTUM), nn.GELU()]
     for _ in range(convs - 1):
-        layers += [nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU()]
+        layers += [nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout, momentum=BN_MOMENTUM),
+                   nn.GELU()]
     return nn.Sequential(*layers)
 
 
