@@ -46,6 +46,25 @@ def test_the_whitening_stem_makes_the_patch_covariance_the_identity_in_float64()
 
 
 
+def test_the_patch_covariance_pools_batches_and_stops_at_its_budget(monkeypatch):
+    from torchboost.models import airbench
+
+    torch.manual_seed(1)
+    a, b = torch.randn(30, 3, 7, 7, dtype=torch.float64), torch.randn(20, 3, 7, 7, dtype=torch.float64) * 2 + 1
+    stats = airbench.PatchCovariance(3, 2)
+    stats.add(a)
+    stats.add(b)
+    patches = torch.cat([F.unfold(x, 2).transpose(1, 2).reshape(-1, 12) for x in (a, b)])
+    mean, cov = stats.result()
+    torch.testing.assert_close(mean, patches.mean(0))
+    torch.testing.assert_close(cov, torch.cov(patches.T, correction=0))
+    monkeypatch.setattr(airbench, "MAX_PATCHES", 1000)  # a photo folder's 224-px images: 50,000 patches each
+    capped = airbench.PatchCovariance(3, 2)
+    for _ in range(3):
+        capped.add(torch.randn(4, 3, 224, 224))
+    assert capped.count <= 1000 and capped.count > 500
+
+
 def test_frozen_bn_scales_and_the_shifts_lr_multiple_change_sgds_update_as_written():
     """One SGD step (no momentum, no decay) through the recipe's builder: a scale frozen at 1 stays 1, a shift
     moves by mult x lr x its gradient, every other weight by lr x its gradient."""

@@ -56,24 +56,58 @@ class AirbenchNet(nn.Module):
 SMALLEST = 16  # px: the 2x2 stem leaves 15, three halvings 1
 
 
+MAX_PATCHES = 1 << 22  # patches a whitening covariance is computed from (4M; a 224-px photo has 50,000)
+
+
+class PatchCovariance:
+    """The k×k patches' mean and covariance over batches of images, in float64, from at most MAX_PATCHES of
+    them (each batch's patches thinned evenly once past the budget: photos have 50,000 patches an image)."""
+
+    def __init__(self, channels: int, k: int) -> None:
+        self.k, self.dim, self.count = k, channels * k * k, 0
+        self.total = torch.zeros(self.dim, dtype=torch.float64)
+        self.outer = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+
+    def add(self, images: Tensor) -> None:
+        c, k = self.dim // self.k ** 2, self.k
+        if images.ndim != 4 or images.shape[1] != c or min(images.shape[-2:]) < k:
+            raise ConfigError(f"whitening needs N×{c}×H×W images of at least {k} px, got {tuple(images.shape)}",
+                              "give it a batch of training images")
+        per_image = (images.shape[-2] - k + 1) * (images.shape[-1] - k + 1)
+        left = MAX_PATCHES - self.count
+        if left <= 0:
+            return
+        images = images[:max(1, left // per_image)]
+        patches = nn.functional.unfold(images.double().cpu(), k).transpose(1, 2).reshape(-1, self.dim)
+        patches = patches[::max(1, -(-len(patches) // left))]
+        self.total += patches.sum(0)
+        self.outer += patches.T @ patches
+        self.count += len(patches)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        if not self.count:
+            raise ConfigError("no training image to set the whitening stem from", "give the run training images")
+        mean = self.total / self.count
+        return mean, self.outer / self.count - torch.outer(mean, mean)
+
+
 @torch.no_grad()
-def init_whitening(conv: nn.Conv2d, images: Tensor, eps: float = 5e-4) -> None:
+def init_whitening(conv: nn.Conv2d, images: Tensor | PatchCovariance, eps: float = 5e-4) -> None:
     """Set `conv` (C -> 2·C·k², k×k, unpadded) to whiten the k×k patches of `images` (N×C×H×W, normalised as
-    training sees them): its filters are the patch covariance's eigenvectors divided by the square roots of
-    their eigenvalues (+ eps), and their negations, so the GELU after it passes both signs. airbench's
-    `init_whitening_conv`, computed in float64."""
+    training sees them, or their `PatchCovariance`): its filters are the patch covariance's eigenvectors divided
+    by the square roots of their eigenvalues (+ eps), and their negations, so the GELU after it passes both signs.
+    airbench's `init_whitening_conv`, computed in float64."""
     c, k = conv.in_channels, conv.kernel_size[0]
     if conv.out_channels != 2 * c * k * k or conv.kernel_size != (k, k):
         raise ConfigError(f"a whitening conv needs {2 * c * k * k} {k}x{k} filters, this one has {conv.out_channels}",
                           "build the network's whitening stem with 2·C·k² output channels")
-    if images.ndim != 4 or images.shape[1] != c or min(images.shape[-2:]) < k or not len(images):
-        raise ConfigError(f"whitening needs N×{c}×H×W images of at least {k} px, got {tuple(images.shape)}",
-                          "give it a batch of training images")
-    patches = nn.functional.unfold(images.double(), k).transpose(1, 2).reshape(-1, c * k * k)
-    patches = patches - patches.mean(0)
-    eigenvalues, eigenvectors = torch.linalg.eigh(patches.T @ patches / len(patches))
+    if isinstance(images, Tensor):
+        stats = PatchCovariance(c, k)
+        stats.add(images)
+        images = stats
+    eigenvalues, eigenvectors = torch.linalg.eigh(images.result()[1])
     filters = (eigenvectors.T / (eigenvalues.clamp_min(0) + eps).sqrt()[:, None]).reshape(c * k * k, c, k, k)
-    conv.weight.copy_(torch.cat([filters, -filters]).to(conv.weight.dtype))
+    conv.weight.copy_(torch.cat([filters, -filters]).to(conv.weight))
 
 
 def whitening_stem(model: nn.Module) -> nn.Conv2d | None:

@@ -18,7 +18,7 @@ from torchboost.data.transforms import normalize_batch
 from torchboost.errors import ConfigError
 from torchboost.losses import CrossEntropySmooth
 from torchboost.models import create_model, training_bytes
-from torchboost.models.airbench import init_whitening, whitening_stem
+from torchboost.models.airbench import MAX_PATCHES, PatchCovariance, init_whitening, whitening_stem
 from torchboost.optim import build_lr_schedule, get_thor_lr
 from torchboost.optim.averaging import averaged
 from torchboost.optim.groups import scale_lr_of
@@ -59,19 +59,19 @@ def whiten_from_data(cfg: Config, net: nn.Module, train_loader: Iterable) -> int
     stem = whitening_stem(net)
     if stem is None:
         return 0
-    images, seen = [], 0
+    stats, seen = PatchCovariance(stem.in_channels, stem.kernel_size[0]), 0
     for batch in train_loader:
         x = batch[0]
         if not isinstance(x, torch.Tensor):
             raise ConfigError(f"{cfg.model.name}'s whitening stem is set from training batches, which "
                               "data.decode=device makes on the GPU during the step", "set data.decode=cpu")
-        x = normalize_batch(x, cfg.data.mean, cfg.data.std) if not x.is_floating_point() else x.float()
-        images.append(x[:cfg.model.whiten_images - seen].cpu())
-        seen += len(images[-1])
-        if seen >= cfg.model.whiten_images:
+        x = normalize_batch(x, cfg.data.mean, cfg.data.std) if not x.is_floating_point() else x
+        stats.add(x[:cfg.model.whiten_images - seen])
+        seen += len(x[:cfg.model.whiten_images - seen])
+        if seen >= cfg.model.whiten_images or stats.count >= MAX_PATCHES:
             break
     if seen:
-        init_whitening(stem, torch.cat(images).to(stem.weight.device))
+        init_whitening(stem, stats)
     return seen
 
 
