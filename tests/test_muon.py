@@ -118,3 +118,29 @@ def test_normuon_matches_a_float64_formula_and_keeps_muons_step_norm():
     assert state.shape == (5,) and state.dtype == torch.float64
     # the normalisation changes the step's direction, not its size: the same norm as plain Muon's step
     assert not np.allclose(n, o) and np.isclose(np.linalg.norm(n), np.linalg.norm(o))
+
+
+def test_a_channels_last_network_gets_the_update_of_its_contiguous_copy():
+    """model.channels_last: a conv weight in NHWC memory is flattened in its own memory order; Muon's update does
+    not depend on the order of the columns, so from the same gradients it equals the update of the same network in
+    NCHW memory (the Muon-and-channels_last run crashed before: a view across the permuted strides). Newton-Schulz
+    runs in bfloat16, whose sums the column order changes: the tolerance is bf16's."""
+    for row_beta in (None, 0.95):  # Muon, then NorMuon (its row statistics per output channel)
+        torch.manual_seed(0)
+        net = create_model("resnet20", num_classes=10, in_chans=1)
+        nhwc = copy.deepcopy(net).to(memory_format=torch.channels_last)
+        start = net.layer1[0].conv1.weight.detach().clone()
+        kw = dict(lr=0.02, momentum=0.9, weight_decay=0.01) | ({} if row_beta is None else {"row_beta": row_beta})
+        opts = [muon_optimizer(m, **kw) for m in (net, nhwc)]
+        for k in range(2):
+            g = torch.Generator().manual_seed(k)
+            for p, q in zip(net.parameters(), nhwc.parameters()):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone().to(memory_format=torch.channels_last) if q.ndim == 4 else p.grad.clone()
+            for o in opts:
+                o.step()
+        conv = nhwc.layer1[0].conv1.weight
+        assert not conv.is_contiguous() and conv.is_contiguous(memory_format=torch.channels_last)  # still NHWC
+        for (n, p), q in zip(net.named_parameters(), nhwc.parameters()):
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=0, atol=2e-4, err_msg=n)
+        assert (net.layer1[0].conv1.weight - start).abs().max() > 1e-3  # a step was compared, not a no-op

@@ -25,6 +25,17 @@ from torchboost.optim.closure import evaluate_closure
 from torchboost.optim.protocol import TrainerProtocol
 
 
+def _matrix(t: Tensor, param: Tensor) -> Tensor:
+    """`t` (the parameter or its gradient) as the parameter's out × fan-in matrix, its columns in the parameter's
+    memory order: a channels_last conv weight (model.channels_last) is flattened over (kh, kw, in), which its memory
+    holds contiguously, so the matrix of the parameter is a view of it. Orthogonalisation and NorMuon's row
+    statistics commute with a permutation of the columns: the update is the one of the (in, kh, kw) order."""
+    own = t is param  # the parameter itself must be a view (the update is written into it); a gradient may be copied
+    if param.ndim == 4 and not param.is_contiguous() and param.is_contiguous(memory_format=torch.channels_last):
+        t = t.permute(0, 2, 3, 1)
+    return t.view(t.shape[0], -1) if own else t.reshape(t.shape[0], -1)
+
+
 class MuonAdamW(TrainerProtocol, torch.optim.Optimizer):
     """Groups with `use_muon=True` get Muon (momentum, nesterov, Newton-Schulz orthogonalisation of the 2-D
     view, torch's lr adjustment sqrt(max(1, out/in)), decoupled weight decay); the others AdamW (`betas`,
@@ -67,7 +78,7 @@ class MuonAdamW(TrainerProtocol, torch.optim.Optimizer):
         return loss
 
     def _muon(self, group: dict, params: list[Tensor]) -> None:
-        flat = [p.view(p.shape[0], -1) for p in params]  # views: the in-place update lands in p
+        flat = [_matrix(p, p) for p in params]  # views: the in-place update lands in p
         bufs = []
         for p, f in zip(params, flat):
             state = self.state[p]
@@ -76,7 +87,7 @@ class MuonAdamW(TrainerProtocol, torch.optim.Optimizer):
             bufs.append(state["momentum_buffer"])
         if group.get("row_beta") is not None:  # .get: groups loaded from checkpoints before NorMuon lack it
             return self._normuon(group, params, flat, bufs)
-        _muon.muon(flat, [p.grad.view(f.shape) for p, f in zip(params, flat)], bufs, lr=group["lr"],
+        _muon.muon(flat, [_matrix(p.grad, p) for p in params], bufs, lr=group["lr"],
                    weight_decay=group["weight_decay"], momentum=group["momentum"], nesterov=group["nesterov"],
                    ns_coefficients=(_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), ns_steps=group["ns_steps"],
                    eps=_muon.EPS, adjust_lr_fn=None, has_complex=False)
@@ -87,7 +98,7 @@ class MuonAdamW(TrainerProtocol, torch.optim.Optimizer):
         lr, beta = group["lr"], group["row_beta"]
         coefficients = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
         for p, f, buf in zip(params, flat, bufs):
-            grad = p.grad.view(f.shape)
+            grad = _matrix(p.grad, p)
             buf.lerp_(grad, 1 - group["momentum"])
             update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
             # torch iterates in bf16 (as Muon's authors do); the row statistics and the step are in f's dtype
