@@ -133,6 +133,11 @@ def test_an_airbench_run_with_every_speedrun_key_holds_out_and_never_reads_the_t
     stem = build_model(load_config("mnist-lenet", [*keys, "model.num_classes=10", "model.in_chans=1"]),
                        build_loader(train_ds, 64, True, seed=0)).whiten.weight
     assert torch.allclose(state["model"]["whiten.weight"], stem, atol=1e-6)  # set from the same images, never trained
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(out / "ckpt" / "airbench-best.pt"), "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)  # eval reads what the run evaluated: the held-out images
+    assert result["samples"] == 500 and result["top_1_accuracy"] == pytest.approx(rows[-1]["val_top_1_accuracy"])
+    assert result["evaluated_on"].startswith("500 images held out of mnist5k")
 
 
 def test_the_speedrun_recipe_loads_with_its_keys():

@@ -118,7 +118,7 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optio
     """Top-1/top-5/loss of the weights on the run's evaluation data, or on an image folder `data_path`
     (read with the run's preprocessing; its classes must be the run's). `split`: "train", "val" or "test",
     read exactly (a folder without it is refused, naming those it has); None: the run's evaluation split
-    (a folder's val/, else test/). The result's "data" says what was read (a folder's split folder), its
+    (a folder's val/, else test/; a run with data.holdout: its held-out training images). The result's "data" says what was read (a folder's split folder), its
     "per_class" the per-class report (`recipe.per_class`)."""
     model, cfg, ckpt = model_from_weights(path, config, overrides)
     data = cfg.data
@@ -129,7 +129,10 @@ def evaluate_checkpoint(path: str, data_path: Optional[str] = None, split: Optio
             raise CheckpointError(f"{path} has no EMA weights", "drop --ema or use a run trained with EMA")
         model.network.load_state_dict(ckpt["ema"]["module"])
     name, exact = split or "test", split is not None
-    ds = build_dataset(data, name, cfg.model.num_classes, exact=exact)
+    if data.holdout and not exact and not data_path:  # the run evaluated its held-out training images: so does eval
+        ds = load_data(dataclasses.replace(cfg, data=data), log=lambda _: None, holdout=data.holdout)[2]
+    else:
+        ds = build_dataset(data, name, cfg.model.num_classes, exact=exact)
     check_classes(ds.classes, saved_classes(ckpt, cfg.model.num_classes, path), cfg.model.num_classes, path)
     loader = build_loader(ds, data.eval_batch_size, False, workers=data.workers)
     tally = ClassTally(cfg.model.num_classes)
