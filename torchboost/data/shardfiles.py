@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import os
 import subprocess

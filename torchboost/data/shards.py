@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import io
 import itertools
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
