@@ -255,7 +255,7 @@ def test_errors_and_listing():
     assert list_models() == ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
                              "resnet20", "resnet32", "resnet44", "resnet56", "mobilenet_v3_small",
                              "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "regnet_y_400mf",
-                             "regnet_x_400mf", "mnist_cnn"]
+                             "regnet_x_400mf", "mnist_cnn", "airbench", "airbench_wide"]
     with pytest.raises(ConfigError, match="resnet50"):
         create_model("resnet51")
     with pytest.raises(ConfigError, match="image_size"):

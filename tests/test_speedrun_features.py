@@ -136,7 +136,9 @@ def test_an_airbench_run_with_every_speedrun_key_holds_out_and_never_reads_the_t
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(out / "ckpt" / "airbench-best.pt"), "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)  # eval reads what the run evaluated: the held-out images
-    assert result["samples"] == 500 and result["top_1_accuracy"] == pytest.approx(rows[-1]["val_top_1_accuracy"])
+    # eval computes in float32, the run's evaluation under its bfloat16 autocast: a few of 500 images may differ
+    assert result["samples"] == 500 and result["top_1_accuracy"] == pytest.approx(rows[-1]["val_top_1_accuracy"],
+                                                                                  abs=0.01)
     assert result["evaluated_on"].startswith("500 images held out of mnist5k")
 
 

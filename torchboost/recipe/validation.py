@@ -181,7 +181,8 @@ def _check_model(cfg: Config) -> None:
     if not resnet and (m.padding != "torch" or m.zero_init_last_bn or m.small_input):
         raise ConfigError(f"model.padding / zero_init_last_bn / small_input apply to ResNets, not {m.name}",
                           f"leave them at their defaults for {m.name}")
-    bn_keys = [k for k, off in (("freeze_bn_scale", False), ("bn_bias_lr_mult", 1.0)) if getattr(cfg.optim, k) != off]
+    bn_keys = [k for k, on in (("freeze_bn_scale", cfg.optim.freeze_bn_scale),
+                               ("bn_bias_lr_mult", cfg.optim.bn_bias_lr_mult != 1)) if on]
     if bn_keys and not has_batchnorm(m.name):
         raise ConfigError(f"optim.{bn_keys[0]} is set but {m.name} has no BatchNorm",
                           f"drop optim.{bn_keys[0]}, or choose a network with BatchNorm")
