@@ -66,8 +66,9 @@ def whiten_from_data(cfg: Config, net: nn.Module, train_loader: Iterable) -> int
             raise ConfigError(f"{cfg.model.name}'s whitening stem is set from training batches, which "
                               "data.decode=device makes on the GPU during the step", "set data.decode=cpu")
         x = normalize_batch(x, cfg.data.mean, cfg.data.std) if not x.is_floating_point() else x
-        stats.add(x[:cfg.model.whiten_images - seen])
-        seen += len(x[:cfg.model.whiten_images - seen])
+        x = x[:cfg.model.whiten_images - seen]
+        stats.add(x)
+        seen += len(x)
         if seen >= cfg.model.whiten_images or stats.count >= MAX_PATCHES:
             break
     if seen:
